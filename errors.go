@@ -1,0 +1,77 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Error codes carried by *Error and the HTTP API's {"error": {"code"}}.
+const (
+	CodeBadRequest   = "bad_request"
+	CodeUnauthorized = "unauthorized"
+	CodeForbidden    = "forbidden"
+	CodeNotFound     = "not_found"
+	CodeConflict     = "conflict"
+	CodeAdmission    = "admission_rejected"
+	CodeNotReady     = "not_ready"
+	CodeInternal     = "internal"
+)
+
+// Error is an API error with a stable code. Field names the offending input
+// field, when there is one.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Is makes errors.Is(err, ErrNotFound) match any *Error with the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message == "" && t.Code == e.Code
+}
+
+// Sentinel errors for errors.Is.
+var (
+	ErrNotFound = &Error{Code: CodeNotFound}
+	ErrConflict = &Error{Code: CodeConflict}
+	ErrInvalid  = &Error{Code: CodeBadRequest}
+)
+
+// Invalid returns a bad-request error naming field.
+func Invalid(field, format string, args ...any) *Error {
+	return &Error{Code: CodeBadRequest, Field: field, Message: field + ": " + fmt.Sprintf(format, args...)}
+}
+
+// NotFound returns a not-found error.
+func NotFound(format string, args ...any) *Error {
+	return &Error{Code: CodeNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// Conflict returns a conflict error.
+func Conflict(format string, args ...any) *Error {
+	return &Error{Code: CodeConflict, Message: fmt.Sprintf(format, args...)}
+}
+
+// AdmissionError rejects a trigger over an admission ceiling (S-FC6).
+// Nothing was created. The HTTP API answers 429 with Retry-After.
+type AdmissionError struct {
+	// Ceiling names what is full, e.g. `environment max_active 1000` or
+	// `queue "email" max_backlog 50`.
+	Ceiling    string
+	RetryAfter time.Duration
+}
+
+func (e *AdmissionError) Error() string {
+	return fmt.Sprintf("admission rejected: %s reached; retry after %s", e.Ceiling, e.RetryAfter)
+}
+
+// IsAdmission reports whether err is an *AdmissionError and returns it.
+func IsAdmission(err error) (*AdmissionError, bool) {
+	var ae *AdmissionError
+	ok := errors.As(err, &ae)
+	return ae, ok
+}

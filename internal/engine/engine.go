@@ -1,0 +1,504 @@
+// Package engine is the sluice engine: it validates requests, calls the
+// store (where flow control is enforced transactionally), wakes
+// long-polling workers when tasks become ready, explains waiting tasks and
+// runs the background services (scheduler, lease and timeout sweeper,
+// dispatch-deadline expiry).
+package engine
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/validate"
+)
+
+// Clock tells the time. Tests inject a fake one.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Config configures an Engine. Zero values take the documented defaults.
+type Config struct {
+	// Lease is how long a worker keeps its tasks without a heartbeat.
+	// Defaults to 30s.
+	Lease time.Duration
+	// HeartbeatInterval is what workers are told to use. Defaults to
+	// Lease/3; must be less than Lease/2.
+	HeartbeatInterval time.Duration
+	// MaxRunning is the environment limit (0 = unlimited).
+	MaxRunning int
+	// MaxActive is the admission ceiling on unfinished tasks (0 = none).
+	MaxActive int
+	// SweepInterval is how often leases, timeouts and dispatch deadlines
+	// are checked. Defaults to 1s.
+	SweepInterval time.Duration
+	// DefaultMaxAttempts applies when a trigger leaves max_attempts 0.
+	// Defaults to 3.
+	DefaultMaxAttempts int
+	// Backoff is the delay after failed attempt n. Defaults to
+	// ExponentialBackoff(1s, 5m).
+	Backoff store.Backoff
+	// Clock defaults to the real clock.
+	Clock Clock
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.Lease / 3
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = time.Second
+	}
+	if c.DefaultMaxAttempts == 0 {
+		c.DefaultMaxAttempts = 3
+	}
+	if c.Backoff == nil {
+		c.Backoff = ExponentialBackoff(time.Second, 5*time.Minute)
+	}
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate names the first bad setting.
+func (c Config) Validate() error {
+	switch {
+	case c.Lease <= 0:
+		return fmt.Errorf("lease: must be > 0, got %s", c.Lease)
+	case c.HeartbeatInterval <= 0 || 2*c.HeartbeatInterval >= c.Lease:
+		return fmt.Errorf("heartbeat-interval: lease (%s) must be more than 2 × heartbeat interval (%s)", c.Lease, c.HeartbeatInterval)
+	case c.MaxRunning < 0:
+		return fmt.Errorf("max-running: must be ≥ 0, got %d", c.MaxRunning)
+	case c.MaxActive < 0:
+		return fmt.Errorf("max-active: must be ≥ 0, got %d", c.MaxActive)
+	case c.SweepInterval <= 0:
+		return fmt.Errorf("sweep-interval: must be > 0, got %s", c.SweepInterval)
+	}
+	return nil
+}
+
+// ExponentialBackoff returns base·2^(n-1), capped, with up to 20% jitter.
+func ExponentialBackoff(base, cap time.Duration) store.Backoff {
+	return func(attempt int) time.Duration {
+		d := base
+		for i := 1; i < attempt && d < cap; i++ {
+			d *= 2
+		}
+		d = min(d, cap)
+		return d + time.Duration(rand.Int64N(int64(d)/5+1))
+	}
+}
+
+// Engine implements sluice.Backend on a store.
+type Engine struct {
+	st      store.Store
+	cfg     Config
+	log     *slog.Logger
+	ready   *broadcaster  // tasks became ready
+	kick    chan struct{} // scheduler: something was scheduled
+	metrics *Metrics
+
+	mu      sync.Mutex
+	cancels map[string][]int64 // worker id → running tasks to cancel
+
+	bgCancel context.CancelFunc
+	bgDone   sync.WaitGroup
+}
+
+var _ sluice.Backend = (*Engine)(nil)
+
+// New builds an engine. Call Start to run its background services.
+func New(st store.Store, cfg Config) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{
+		st: st, cfg: cfg, log: cfg.Logger,
+		ready:   newBroadcaster(),
+		kick:    make(chan struct{}, 1),
+		metrics: newMetrics(st),
+		cancels: map[string][]int64{},
+	}, nil
+}
+
+// Config returns the effective configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Store returns the engine's store.
+func (e *Engine) Store() store.Store { return e.st }
+
+// Metrics returns the engine's metrics.
+func (e *Engine) Metrics() *Metrics { return e.metrics }
+
+func (e *Engine) now() time.Time { return e.cfg.Clock.Now() }
+
+// after handles a store outcome: wake workers if tasks became ready.
+func (e *Engine) after(o store.Outcome) {
+	if o.Readied > 0 {
+		e.ready.broadcast()
+	}
+}
+
+func (e *Engine) kickScheduler() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Ready reports whether the engine can serve (the database answers).
+func (e *Engine) Ready(ctx context.Context) error {
+	if err := e.st.Ping(ctx); err != nil {
+		return &sluice.Error{Code: sluice.CodeNotReady, Message: "database not reachable: " + err.Error()}
+	}
+	return nil
+}
+
+// Trigger creates a task (S-FC4 overrides: queue, key, priority).
+func (e *Engine) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.Task, bool, error) {
+	tasks, created, err := e.TriggerBatch(ctx, []sluice.TriggerParams{p})
+	if err != nil {
+		return nil, false, err
+	}
+	return tasks[0], created[0], nil
+}
+
+// TriggerBatch creates tasks atomically: all are admitted or none.
+func (e *Engine) TriggerBatch(ctx context.Context, ps []sluice.TriggerParams) ([]*sluice.Task, []bool, error) {
+	nts := make([]store.NewTask, len(ps))
+	scheduled := false
+	for i := range ps {
+		nt, err := e.newTask(&ps[i])
+		if err != nil {
+			if len(ps) > 1 {
+				var se *sluice.Error
+				if errors.As(err, &se) {
+					se.Message = fmt.Sprintf("tasks[%d].%s", i, se.Message)
+				}
+			}
+			return nil, nil, err
+		}
+		nts[i] = nt
+		scheduled = scheduled || !nt.RunAt.IsZero()
+	}
+	res, o, err := e.st.Enqueue(ctx, e.now(), store.Limits{MaxActive: e.cfg.MaxActive}, nts)
+	if err != nil {
+		if ae, ok := sluice.IsAdmission(err); ok {
+			e.metrics.admissionRejected(ae)
+		}
+		return nil, nil, err
+	}
+	e.after(o)
+	if scheduled {
+		e.kickScheduler()
+	}
+	tasks := make([]*sluice.Task, len(res))
+	created := make([]bool, len(res))
+	for i, r := range res {
+		tasks[i], created[i] = r.Task, r.Created
+		if r.Created {
+			e.metrics.triggered.Inc()
+		}
+	}
+	return tasks, created, nil
+}
+
+func (e *Engine) newTask(p *sluice.TriggerParams) (store.NewTask, error) {
+	if err := validateTrigger(p); err != nil {
+		return store.NewTask{}, err
+	}
+	nt := store.NewTask{
+		Kind: p.Kind, Input: p.Input, Queue: p.Queue, ConcurrencyKey: p.ConcurrencyKey, Priority: p.Priority,
+		MaxAttempts: p.MaxAttempts, Timeout: p.Timeout.D(), DispatchDeadline: p.DispatchDeadline.D(),
+		IdempotencyKey: p.IdempotencyKey,
+	}
+	if nt.Queue == "" {
+		nt.Queue = nt.Kind
+	}
+	if nt.MaxAttempts == 0 {
+		nt.MaxAttempts = e.cfg.DefaultMaxAttempts
+	}
+	if p.RunAt != nil && p.RunAt.After(e.now()) {
+		nt.RunAt = *p.RunAt
+	}
+	return nt, nil
+}
+
+// GetTask returns a task with its attempts and explanation.
+func (e *Engine) GetTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	t, err := e.st.GetTask(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	t.Explain, err = e.Explain(ctx, t)
+	return t, err
+}
+
+// ListTasks pages through tasks, newest first.
+func (e *Engine) ListTasks(ctx context.Context, f sluice.TaskFilter) (*sluice.TaskPage, error) {
+	if err := validateFilter(&f); err != nil {
+		return nil, err
+	}
+	var after int64
+	if f.After != "" {
+		v, err := strconv.ParseInt(f.After, 10, 64)
+		if err != nil || v <= 0 {
+			return nil, sluice.Invalid("after", "not a cursor from a previous page")
+		}
+		after = v
+	}
+	tasks, err := e.st.ListTasks(ctx, f, after)
+	if err != nil {
+		return nil, err
+	}
+	page := &sluice.TaskPage{Tasks: tasks}
+	if len(tasks) > f.Limit {
+		page.Tasks = tasks[:f.Limit]
+		page.Next = strconv.FormatInt(page.Tasks[f.Limit-1].ID, 10)
+	}
+	if page.Tasks == nil {
+		page.Tasks = []sluice.Task{}
+	}
+	return page, nil
+}
+
+// CancelTask cancels a task; a running one is told through its worker.
+func (e *Engine) CancelTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	t, o, err := e.st.CancelTask(ctx, e.now(), id)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	if t.State == sluice.StateRunning && t.WorkerID != "" {
+		e.mu.Lock()
+		e.cancels[t.WorkerID] = append(e.cancels[t.WorkerID], t.ID)
+		e.mu.Unlock()
+		e.ready.broadcast() // wake the worker's long-poll to deliver it
+	}
+	t.Explain, err = e.Explain(ctx, t)
+	return t, err
+}
+
+// PutQueue creates or reconfigures a queue.
+func (e *Engine) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, error) {
+	if err := validateQueue(name, &p); err != nil {
+		return nil, err
+	}
+	q, o, err := e.st.PutQueue(ctx, e.now(), name, p)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	return q, nil
+}
+
+// GetQueue returns a queue with counts.
+func (e *Engine) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	return e.st.GetQueue(ctx, name)
+}
+
+// ListQueues returns all queues.
+func (e *Engine) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
+	qs, err := e.st.ListQueues(ctx)
+	if qs == nil && err == nil {
+		qs = []sluice.Queue{}
+	}
+	return qs, err
+}
+
+// PauseQueue pauses a queue (S-FC8).
+func (e *Engine) PauseQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	q, o, err := e.st.SetQueuePaused(ctx, e.now(), name, true)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	return q, nil
+}
+
+// ResumeQueue resumes a queue.
+func (e *Engine) ResumeQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	q, o, err := e.st.SetQueuePaused(ctx, e.now(), name, false)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	return q, nil
+}
+
+// ListWorkers returns the live workers.
+func (e *Engine) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error) {
+	return e.st.ListWorkers(ctx)
+}
+
+func newWorkerID() string {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return "w-" + hex.EncodeToString(b[:])
+}
+
+// RegisterWorker registers a worker and tells it the lease and heartbeat
+// interval.
+func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerParams) (*sluice.WorkerRegistration, error) {
+	if err := validateRegister(&p); err != nil {
+		return nil, err
+	}
+	id := newWorkerID()
+	if p.Name == "" {
+		p.Name = id
+	}
+	now := e.now()
+	err := e.st.RegisterWorker(ctx, now, store.Worker{ID: id, Name: p.Name, Kinds: p.Kinds, Slots: p.Slots, LeaseExpiresAt: now.Add(e.cfg.Lease)})
+	if err != nil {
+		return nil, err
+	}
+	e.log.Info("worker registered", "worker", id, "name", p.Name, "kinds", p.Kinds, "slots", p.Slots)
+	return &sluice.WorkerRegistration{ID: id, Lease: sluice.Duration(e.cfg.Lease), HeartbeatInterval: sluice.Duration(e.cfg.HeartbeatInterval)}, nil
+}
+
+// maxWait caps a claim's long-poll.
+const maxWait = 60 * time.Second
+
+// Claim leases up to p.Max ready tasks; with p.Wait it long-polls until a
+// task becomes ready, a cancellation is due for this worker, or the wait
+// ends.
+func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParams) (*sluice.ClaimResult, error) {
+	if err := validate.Claim(&p); err != nil {
+		return nil, err
+	}
+	if p.Wait.D() > maxWait {
+		p.Wait = sluice.Duration(maxWait)
+	}
+	var timer *time.Timer
+	for {
+		woken := e.ready.wait()
+		start := time.Now()
+		now := e.now()
+		tasks, err := e.st.Claim(ctx, now, workerID, p.Max, now.Add(e.cfg.Lease))
+		if err != nil {
+			return nil, err
+		}
+		e.metrics.claimLatency.Observe(time.Since(start).Seconds())
+		cancel := e.takeCancels(workerID)
+		if len(tasks) > 0 || len(cancel) > 0 || p.Wait == 0 {
+			e.metrics.claimed(tasks)
+			return &sluice.ClaimResult{Tasks: nonNil(tasks), Cancel: cancel}, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(p.Wait.D())
+			defer timer.Stop()
+		}
+		select {
+		case <-woken:
+		case <-timer.C:
+			return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}}, nil
+		case <-ctx.Done():
+			return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}}, nil
+		}
+	}
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func (e *Engine) takeCancels(workerID string) []int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := e.cancels[workerID]
+	delete(e.cancels, workerID)
+	return c
+}
+
+// Complete ends attempts in one transaction.
+func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.CompleteParams) (*sluice.CompleteResult, error) {
+	if len(p.Results) == 0 {
+		return &sluice.CompleteResult{Results: []sluice.ResultAck{}}, nil
+	}
+	if err := validate.Complete(&p); err != nil {
+		return nil, err
+	}
+	acks, o, err := e.st.Complete(ctx, e.now(), workerID, p.Results, e.cfg.Backoff)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	failed := false
+	for i, a := range acks {
+		if a.Status == "ok" {
+			e.metrics.finished(p.Results[i])
+			failed = failed || p.Results[i].Error != ""
+		}
+	}
+	if failed {
+		e.kickScheduler() // a retry may have been scheduled
+	}
+	return &sluice.CompleteResult{Results: acks}, nil
+}
+
+// Heartbeat extends the worker's lease on all its tasks.
+func (e *Engine) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams) (*sluice.HeartbeatResult, error) {
+	if err := validate.Heartbeat(&p); err != nil {
+		return nil, err
+	}
+	now := e.now()
+	until := now.Add(e.cfg.Lease)
+	lost, cancel, err := e.st.Heartbeat(ctx, now, workerID, p, until)
+	if err != nil {
+		return nil, err
+	}
+	e.takeCancels(workerID) // delivered here instead
+	return &sluice.HeartbeatResult{LeaseExpiresAt: until.UTC(), Lost: nonNil(lost), Cancel: nonNil(cancel)}, nil
+}
+
+// Release hands tasks back unstarted.
+func (e *Engine) Release(ctx context.Context, workerID string, p sluice.ReleaseParams) error {
+	if err := validate.Release(&p); err != nil {
+		return err
+	}
+	o, err := e.st.Release(ctx, e.now(), workerID, p.TaskIDs)
+	if err != nil {
+		return err
+	}
+	e.after(o)
+	return nil
+}
+
+// DeregisterWorker removes a worker; tasks it still holds go back to the
+// flow as failed attempts.
+func (e *Engine) DeregisterWorker(ctx context.Context, workerID string) error {
+	o, err := e.st.DeregisterWorker(ctx, e.now(), workerID, e.cfg.Backoff)
+	if err != nil {
+		return err
+	}
+	e.takeCancels(workerID)
+	e.after(o)
+	e.log.Info("worker deregistered", "worker", workerID)
+	return nil
+}

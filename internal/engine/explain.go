@@ -1,0 +1,61 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// Explain says why a non-terminal task is not running (S-FC9), or what it
+// is doing. It is empty for finished tasks.
+func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
+	switch t.State {
+	case sluice.StateScheduled:
+		if t.Attempt > 0 {
+			return fmt.Sprintf("backing off until %s after attempt %d/%d failed: %s", t.RunAt.Format(time.RFC3339Nano), t.Attempt, t.MaxAttempts, t.Error), nil
+		}
+		return fmt.Sprintf("scheduled: not before %s", t.RunAt.Format(time.RFC3339Nano)), nil
+	case sluice.StatePaused:
+		return fmt.Sprintf("queue %q paused", t.Queue), nil
+	case sluice.StateQueued:
+		sq, err := e.st.SubqueueStatus(ctx, t.ID)
+		if err != nil {
+			return "", err
+		}
+		if sq.Paused {
+			return fmt.Sprintf("queue %q paused", t.Queue), nil
+		}
+		if sq.Limit != nil && sq.Running >= *sq.Limit {
+			if sq.ConcurrencyKey != "" {
+				return fmt.Sprintf("key %q %d/%d running in queue %q", sq.ConcurrencyKey, sq.Running, *sq.Limit, sq.Queue), nil
+			}
+			return fmt.Sprintf("queue %q %d/%d running", sq.Queue, sq.Running, *sq.Limit), nil
+		}
+		env, err := e.st.EnvStatus(ctx)
+		if err != nil {
+			return "", err
+		}
+		if env.MaxRunning > 0 && env.Running >= env.MaxRunning {
+			return fmt.Sprintf("environment %d/%d running", env.Running, env.MaxRunning), nil
+		}
+		return "queued: waiting behind earlier tasks of its queue", nil
+	case sluice.StateReady:
+		ok, err := e.st.KindHasWorker(ctx, t.Kind)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return fmt.Sprintf("no worker for kind %q", t.Kind), nil
+		}
+		return fmt.Sprintf("ready: holds its slot, waiting for a free worker slot for kind %q", t.Kind), nil
+	case sluice.StateRunning:
+		s := fmt.Sprintf("running on worker %s (attempt %d/%d)", t.WorkerID, t.Attempt, t.MaxAttempts)
+		if t.CancelRequested {
+			s += "; cancel requested"
+		}
+		return s, nil
+	}
+	return "", nil
+}

@@ -1,0 +1,145 @@
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// sweepBatch bounds the rows one background transaction touches, so no
+// sweep holds the write lock for long.
+const sweepBatch = 500
+
+// Start applies the environment limit, runs the orphan sweep once (tasks
+// of workers that died while the server was down come back at once, S-W6)
+// and starts the background services. Stop stops them.
+func (e *Engine) Start(ctx context.Context) error {
+	o, err := e.st.SetEnvLimit(ctx, e.now(), e.cfg.MaxRunning)
+	if err != nil {
+		return err
+	}
+	e.after(o)
+	if err := e.SweepOnce(ctx); err != nil {
+		return err
+	}
+	if _, err := e.PromoteDueOnce(ctx); err != nil {
+		return err
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.bgCancel = cancel
+	e.bgDone.Add(2)
+	go e.loop(bg, "sweeper", e.SweepOnce)
+	go e.scheduler(bg)
+	return nil
+}
+
+// Stop stops the background services and waits for them.
+func (e *Engine) Stop(ctx context.Context) error {
+	if e.bgCancel == nil {
+		return nil
+	}
+	e.bgCancel()
+	done := make(chan struct{})
+	go func() { e.bgDone.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (e *Engine) loop(ctx context.Context, name string, fn func(context.Context) error) {
+	defer e.bgDone.Done()
+	t := time.NewTicker(e.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := fn(ctx); err != nil && ctx.Err() == nil {
+				e.log.Error("background service failed", "service", name, "err", err)
+			}
+		}
+	}
+}
+
+// SweepOnce recovers expired leases and timed-out attempts and fails tasks
+// past their dispatch deadline, in bounded batches.
+func (e *Engine) SweepOnce(ctx context.Context) error {
+	for {
+		n, o, err := e.st.SweepExpired(ctx, e.now(), sweepBatch, e.cfg.Backoff)
+		if err != nil {
+			return err
+		}
+		e.after(o)
+		if n > 0 {
+			e.metrics.swept.Add(float64(n))
+			e.log.Info("recovered expired leases and timeouts", "count", n)
+			e.kickScheduler()
+		}
+		if n < sweepBatch {
+			break
+		}
+	}
+	for {
+		n, o, err := e.st.ExpireDeadlines(ctx, e.now(), sweepBatch)
+		if err != nil {
+			return err
+		}
+		e.after(o)
+		if n > 0 {
+			e.metrics.deadlineExpired.Add(float64(n))
+		}
+		if n < sweepBatch {
+			return nil
+		}
+	}
+}
+
+// PromoteDueOnce moves every due scheduled task on and returns when the
+// next one is due (zero if none).
+func (e *Engine) PromoteDueOnce(ctx context.Context) (time.Time, error) {
+	for {
+		n, next, o, err := e.st.PromoteDue(ctx, e.now(), sweepBatch)
+		if err != nil {
+			return time.Time{}, err
+		}
+		e.after(o)
+		if n < sweepBatch {
+			return next, nil
+		}
+	}
+}
+
+// scheduler promotes scheduled tasks when due: it sleeps until the
+// earliest run_at (at most a second, so other replicas' tasks are seen)
+// and wakes early when a task is scheduled here.
+func (e *Engine) scheduler(ctx context.Context) {
+	defer e.bgDone.Done()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-e.kick:
+		}
+		next, err := e.PromoteDueOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			e.log.Error("scheduler failed", "err", err)
+		}
+		wait := time.Second
+		if !next.IsZero() {
+			wait = min(wait, max(time.Millisecond, next.Sub(e.now())))
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+	}
+}

@@ -1,0 +1,373 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// This file is the flow-control core: slot counters, the refill that
+// promotes queued tasks to ready, and the end of an attempt. Every write
+// transaction goes through a txn, so the counters change only here.
+
+// envRow is the environment row, cached for the length of a transaction.
+type envRow struct {
+	maxRunning, running, active, vtime, rr int64
+	dirty                                  bool
+}
+
+// sqRow is a sub-queue (queue, concurrency key).
+type sqRow struct {
+	id                         int64
+	queue, ckey                string
+	lim                        sql.NullInt64
+	paused                     bool
+	running, queued, rr, vtime int64
+	dirty                      bool
+}
+
+func (q *sqRow) hasRoom() bool { return !q.lim.Valid || q.running < q.lim.Int64 }
+
+// queueRow is a queue.
+type queueRow struct {
+	name       string
+	limit      sql.NullInt64
+	maxBacklog sql.NullInt64
+	paused     bool
+	active     int64
+	dirty      bool
+}
+
+// txn is one write transaction with its cached counters. Counter changes
+// accumulate in memory and are written by flush, before the refill and the
+// commit.
+type txn struct {
+	ctx     context.Context
+	tx      *sql.Tx
+	now     int64
+	env     *envRow
+	sqs     map[int64]*sqRow
+	sqByKey map[[2]string]*sqRow
+	queues  map[string]*queueRow
+	readied int
+}
+
+func (s *Store) write(ctx context.Context, now time.Time, fn func(t *txn) error) (store.Outcome, error) {
+	var o store.Outcome
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		t := &txn{ctx: ctx, tx: tx, now: us(now), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
+		if err := fn(t); err != nil {
+			return err
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+		if err := t.fill(); err != nil {
+			return err
+		}
+		o.Readied = t.readied
+		return nil
+	})
+	return o, err
+}
+
+func (t *txn) exec(q string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(t.ctx, q, args...)
+}
+
+func (t *txn) loadEnv() (*envRow, error) {
+	if t.env != nil {
+		return t.env, nil
+	}
+	e := &envRow{}
+	err := t.tx.QueryRowContext(t.ctx, `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1`).
+		Scan(&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr)
+	if err != nil {
+		return nil, fmt.Errorf("reading env: %w", err)
+	}
+	t.env = e
+	return e, nil
+}
+
+func (e *envRow) hasRoom() bool { return e.maxRunning == 0 || e.running < e.maxRunning }
+
+const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime`
+
+func scanSQ(row interface{ Scan(...any) error }) (*sqRow, error) {
+	q := &sqRow{}
+	err := row.Scan(&q.id, &q.queue, &q.ckey, &q.lim, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime)
+	return q, err
+}
+
+func (t *txn) cacheSQ(q *sqRow) *sqRow {
+	t.sqs[q.id] = q
+	t.sqByKey[[2]string{q.queue, q.ckey}] = q
+	return q
+}
+
+// subqueue returns the sub-queue by id.
+func (t *txn) subqueue(id int64) (*sqRow, error) {
+	if q, ok := t.sqs[id]; ok {
+		return q, nil
+	}
+	q, err := scanSQ(t.tx.QueryRowContext(t.ctx, `SELECT `+sqCols+` FROM subqueues WHERE id = ?`, id))
+	if err != nil {
+		return nil, fmt.Errorf("reading sub-queue %d: %w", id, err)
+	}
+	return t.cacheSQ(q), nil
+}
+
+// queue returns the queue, creating it unbounded if create is set.
+func (t *txn) queue(name string, create bool) (*queueRow, error) {
+	if q, ok := t.queues[name]; ok {
+		return q, nil
+	}
+	if create {
+		if _, err := t.exec(`INSERT INTO queues (name, created_at, updated_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING`, name, t.now, t.now); err != nil {
+			return nil, fmt.Errorf("creating queue %q: %w", name, err)
+		}
+	}
+	q := &queueRow{name: name}
+	err := t.tx.QueryRowContext(t.ctx, `SELECT concurrency_limit, max_backlog, paused, active FROM queues WHERE name = ?`, name).
+		Scan(&q.limit, &q.maxBacklog, &q.paused, &q.active)
+	if err == sql.ErrNoRows {
+		return nil, sluice.NotFound("queue %q not found", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading queue %q: %w", name, err)
+	}
+	t.queues[name] = q
+	return q, nil
+}
+
+// subqueueFor returns the sub-queue of (queue, key), creating it.
+func (t *txn) subqueueFor(q *queueRow, key string) (*sqRow, error) {
+	if s, ok := t.sqByKey[[2]string{q.name, key}]; ok {
+		return s, nil
+	}
+	s, err := scanSQ(t.tx.QueryRowContext(t.ctx, `SELECT `+sqCols+` FROM subqueues WHERE queue = ? AND ckey = ?`, q.name, key))
+	if err == sql.ErrNoRows {
+		s, err = scanSQ(t.tx.QueryRowContext(t.ctx,
+			`INSERT INTO subqueues (queue, ckey, lim, paused) VALUES (?, ?, ?, ?) RETURNING `+sqCols,
+			q.name, key, q.limit, q.paused))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sub-queue %q/%q: %w", q.name, key, err)
+	}
+	return t.cacheSQ(s), nil
+}
+
+// take gives a slot of sq (and of the environment) to a task becoming
+// ready, and returns the task's fair-queueing rank.
+func (t *txn) take(sq *sqRow, n int64) int64 {
+	rank := max(sq.vtime+1, t.env.vtime)
+	sq.vtime = rank + n - 1
+	sq.running += n
+	t.env.rr++
+	sq.rr = t.env.rr
+	t.env.running += n
+	sq.dirty, t.env.dirty = true, true
+	t.readied += int(n)
+	return rank
+}
+
+// release gives back the slot of a task leaving ready or running.
+func (t *txn) release(sq *sqRow) {
+	sq.running--
+	t.env.running--
+	sq.dirty, t.env.dirty = true, true
+}
+
+// finish counts a task reaching a terminal state.
+func (t *txn) finish(q *queueRow) {
+	q.active--
+	t.env.active--
+	q.dirty, t.env.dirty = true, true
+}
+
+// flush writes the cached counters.
+func (t *txn) flush() error {
+	if t.env != nil && t.env.dirty {
+		e := t.env
+		if _, err := t.exec(`UPDATE env SET running = ?, active = ?, vtime = ?, rr = ? WHERE id = 1`, e.running, e.active, e.vtime, e.rr); err != nil {
+			return fmt.Errorf("writing env: %w", err)
+		}
+		e.dirty = false
+	}
+	for _, q := range t.sqs {
+		if !q.dirty {
+			continue
+		}
+		if _, err := t.exec(`UPDATE subqueues SET running = ?, queued = ?, rr = ?, vtime = ? WHERE id = ?`, q.running, q.queued, q.rr, q.vtime, q.id); err != nil {
+			return fmt.Errorf("writing sub-queue: %w", err)
+		}
+		q.dirty = false
+	}
+	for _, q := range t.queues {
+		if !q.dirty {
+			continue
+		}
+		if _, err := t.exec(`UPDATE queues SET active = ? WHERE name = ?`, q.active, q.name); err != nil {
+			return fmt.Errorf("writing queue: %w", err)
+		}
+		q.dirty = false
+	}
+	return nil
+}
+
+// fillBatch caps how many tasks one refill step promotes from a sub-queue.
+const fillBatch = 1000
+
+// fill promotes queued tasks into free slots until no sub-queue that has
+// room has waiting tasks, or the environment is full. Sub-queues are served
+// round-robin (least recently served first), one task per turn while the
+// environment limit binds, so one tenant's backlog cannot starve another's.
+// It reads only eligible sub-queues (a partial index) and the heads of
+// their task lists, never the blocked backlog.
+func (t *txn) fill() error {
+	if _, err := t.loadEnv(); err != nil {
+		return err
+	}
+	for t.env.hasRoom() {
+		sq, err := scanSQ(t.tx.QueryRowContext(t.ctx, `SELECT `+sqCols+` FROM subqueues
+			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) ORDER BY rr LIMIT 1`))
+		if err == sql.ErrNoRows {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("refill: %w", err)
+		}
+		if c, ok := t.sqs[sq.id]; ok { // keep one copy per transaction
+			sq = c
+		} else {
+			t.cacheSQ(sq)
+		}
+		n := min(sq.queued, fillBatch)
+		if sq.lim.Valid {
+			n = min(n, sq.lim.Int64-sq.running)
+		}
+		if t.env.maxRunning > 0 {
+			n = 1
+		}
+		rank := t.take(sq, n)
+		res, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ? WHERE id IN (
+			SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?)`, rank, sq.id, n)
+		if err != nil {
+			return fmt.Errorf("refill: promoting: %w", err)
+		}
+		if got, _ := res.RowsAffected(); got != n {
+			return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step", sq.id, sq.queue, sq.ckey, sq.queued, got)
+		}
+		sq.queued -= n
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enqueueWaiting puts a task that holds no slot into its sub-queue's wait
+// list (queued), or paused when its queue is paused. It returns the state.
+func (t *txn) enqueueWaiting(q *queueRow, sq *sqRow) sluice.TaskState {
+	if q.paused {
+		return sluice.StatePaused
+	}
+	sq.queued++
+	sq.dirty = true
+	return sluice.StateQueued
+}
+
+// runningTask is what ending an attempt needs to know of a running task.
+type runningTask struct {
+	id, sq               int64
+	queue, workerID      string
+	attempt, maxAttempts int
+	startedAt            int64
+	cancelRequested      bool
+	createdAt            int64
+}
+
+const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at`
+
+func scanRunning(row interface{ Scan(...any) error }) (*runningTask, error) {
+	r := &runningTask{}
+	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt)
+	return r, err
+}
+
+// outcome is how an attempt ended.
+type outcome struct {
+	ok         bool
+	output     []byte
+	err        string
+	noRetry    bool
+	retryAfter time.Duration // < 0: retry at once; 0: use backoff
+	backoff    store.Backoff
+}
+
+// endAttempt records the attempt, moves the task on (succeeded, failed,
+// cancelled, or back to scheduled/queued for a retry) and releases its
+// slots.
+func (t *txn) endAttempt(r *runningTask, o outcome) error {
+	if _, err := t.loadEnv(); err != nil {
+		return err
+	}
+	sq, err := t.subqueue(r.sq)
+	if err != nil {
+		return err
+	}
+	q, err := t.queue(r.queue, false)
+	if err != nil {
+		return err
+	}
+	t.release(sq)
+	state := sluice.StateSucceeded
+	attemptState := sluice.StateSucceeded
+	switch {
+	case o.ok:
+	case r.cancelRequested:
+		state, attemptState = sluice.StateCancelled, sluice.StateCancelled
+	default:
+		attemptState = sluice.StateFailed
+		if o.noRetry || r.attempt >= r.maxAttempts {
+			state = sluice.StateFailed
+		} else {
+			state = sluice.StateScheduled
+		}
+	}
+	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		r.id, r.attempt, r.workerID, r.startedAt, t.now, attemptState, o.err); err != nil {
+		return fmt.Errorf("recording attempt: %w", err)
+	}
+	if state.Terminal() {
+		t.finish(q)
+		var output any
+		if o.ok {
+			output = o.output
+		}
+		_, err = t.exec(`UPDATE tasks SET state = ?, output = ?, error = ?, finished_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+			state, output, o.err, t.now, r.id)
+		return err
+	}
+	delay := o.retryAfter
+	if delay == 0 && o.backoff != nil {
+		delay = o.backoff(r.attempt)
+	}
+	runAt := t.now
+	if delay > 0 {
+		runAt += delay.Microseconds()
+	} else {
+		state = t.enqueueWaiting(q, sq)
+	}
+	var pausedFrom any
+	if state == sluice.StatePaused {
+		pausedFrom = string(sluice.StateQueued)
+	}
+	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+		state, pausedFrom, o.err, runAt, r.id)
+	return err
+}

@@ -1,0 +1,191 @@
+// Package sqlite is the embedded SQLite store (pure Go, modernc.org/sqlite,
+// WAL). Writes go through one connection, so write transactions serialise
+// in the process instead of failing with SQLITE_BUSY; reads use a pool.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // driver "sqlite"
+
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Store is the SQLite store.
+type Store struct {
+	w *sql.DB // the single writer connection
+	r *sql.DB // readers
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the database at path. path may be
+// ":memory:" (one connection, for tests) and may carry options after "?":
+// synchronous=normal|full (default normal: a commit survives a crash of the
+// process; full also survives power loss, at the cost of an fsync per
+// commit).
+func Open(ctx context.Context, path string) (*Store, error) {
+	sync := "NORMAL"
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		q, err := url.ParseQuery(path[i+1:])
+		if err != nil {
+			return nil, fmt.Errorf("db: bad options %q: %w", path[i+1:], err)
+		}
+		path = path[:i]
+		for k, v := range q {
+			switch k {
+			case "synchronous":
+				switch s := strings.ToUpper(v[0]); s {
+				case "NORMAL", "FULL":
+					sync = s
+				default:
+					return nil, fmt.Errorf("db: synchronous must be normal or full, got %q", v[0])
+				}
+			default:
+				return nil, fmt.Errorf("db: unknown sqlite option %q (known: synchronous)", k)
+			}
+		}
+	}
+	if path == "" {
+		return nil, errors.New("db: sqlite path is empty (want sqlite:PATH)")
+	}
+	pragmas := "_pragma=busy_timeout(10000)&_pragma=foreign_keys(0)&_pragma=synchronous(" + sync + ")"
+	if path == ":memory:" {
+		db, err := sql.Open("sqlite", "file::memory:?"+pragmas)
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(1)
+		db.SetConnMaxLifetime(0)
+		db.SetConnMaxIdleTime(0)
+		return &Store{w: db, r: db}, nil
+	}
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&" + pragmas
+	w, err := sql.Open("sqlite", dsn+"&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	if err := w.PingContext(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	r, err := sql.Open("sqlite", dsn+"&_pragma=query_only(1)")
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	r.SetMaxOpenConns(4)
+	r.SetMaxIdleConns(4)
+	return &Store{w: w, r: r}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	err := s.w.Close()
+	if s.r != s.w {
+		err = errors.Join(err, s.r.Close())
+	}
+	return err
+}
+
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	return s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one)
+}
+
+// Migrations lists the embedded migration names in order.
+func Migrations() []string {
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	sort.Strings(names)
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
+	}
+	return names
+}
+
+// Migrate applies pending migrations, each in its own transaction.
+func (s *Store) Migrate(ctx context.Context) ([]string, error) {
+	return s.MigrateTo(ctx, "")
+}
+
+// MigrateTo applies pending migrations up to and including target ("" =
+// all). Tests use it to upgrade from every earlier version.
+func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) {
+	if _, err := s.w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+		return nil, fmt.Errorf("migrating: %w", err)
+	}
+	var applied []string
+	for _, name := range Migrations() {
+		var n int
+		if err := s.w.QueryRowContext(ctx, `SELECT count(*) FROM schema_migrations WHERE name = ?`, name).Scan(&n); err != nil {
+			return applied, fmt.Errorf("migrating: %w", err)
+		}
+		if n == 0 {
+			body, err := migrations.ReadFile("migrations/" + name + ".sql")
+			if err != nil {
+				return applied, err
+			}
+			err = s.tx(ctx, func(tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+					return err
+				}
+				_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)`, name, time.Now().UnixMicro())
+				return err
+			})
+			if err != nil {
+				return applied, fmt.Errorf("migration %s: %w", name, err)
+			}
+			applied = append(applied, name)
+		}
+		if name == target {
+			break
+		}
+	}
+	return applied, nil
+}
+
+// tx runs fn in a write transaction (BEGIN IMMEDIATE).
+func (s *Store) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Time helpers: the schema stores unix microseconds.
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+func fromNullUS(v sql.NullInt64) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	t := fromUS(v.Int64)
+	return &t
+}

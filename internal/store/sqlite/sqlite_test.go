@@ -1,0 +1,72 @@
+package sqlite_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/sqlite"
+	"github.com/sluice-dev/sluice/internal/store/storetest"
+)
+
+func newStore(t *testing.T) store.Store {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "sluice.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	_, err = st.Migrate(context.Background())
+	require.NoError(t, err)
+	return st
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
+
+// A ":memory:" database (one connection) serves the basics too.
+func TestMemory(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), ":memory:")
+	require.NoError(t, err)
+	defer st.Close()
+	_, err = st.Migrate(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, st.Ping(context.Background()))
+}
+
+// Upgrading from every earlier migration reaches the same schema and a
+// second run applies nothing.
+func TestMigrateFromEveryVersion(t *testing.T) {
+	names := sqlite.Migrations()
+	require.NotEmpty(t, names)
+	for i := range names {
+		st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "m.db"))
+		require.NoError(t, err)
+		applied, err := st.MigrateTo(context.Background(), names[i])
+		require.NoError(t, err)
+		require.Equal(t, names[:i+1], applied)
+		rest, err := st.Migrate(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, names[i+1:], nonNil(rest))
+		again, err := st.Migrate(context.Background())
+		require.NoError(t, err)
+		require.Empty(t, again)
+		require.NoError(t, st.Close())
+	}
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func TestOpenOptions(t *testing.T) {
+	_, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "x.db")+"?synchronous=sometimes")
+	require.ErrorContains(t, err, "synchronous")
+	_, err = sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "x.db")+"?bogus=1")
+	require.ErrorContains(t, err, "bogus")
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "x.db")+"?synchronous=full")
+	require.NoError(t, err)
+	require.NoError(t, st.Close())
+}

@@ -1,0 +1,183 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// PromoteDue moves scheduled tasks whose time has come into their
+// sub-queues; see store.Store.
+func (s *Store) PromoteDue(ctx context.Context, now time.Time, limit int) (int, time.Time, store.Outcome, error) {
+	var n int
+	var next time.Time
+	o, err := s.write(ctx, now, func(t *txn) error {
+		n, next = 0, time.Time{}
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue FROM tasks WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
+		if err != nil {
+			return fmt.Errorf("promoting due tasks: %w", err)
+		}
+		type due struct {
+			id, sq int64
+			queue  string
+		}
+		var list []due
+		for rows.Next() {
+			var d due
+			if err := rows.Scan(&d.id, &d.sq, &d.queue); err != nil {
+				rows.Close()
+				return err
+			}
+			list = append(list, d)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, d := range list {
+			q, err := t.queue(d.queue, false)
+			if err != nil {
+				return err
+			}
+			sq, err := t.subqueue(d.sq)
+			if err != nil {
+				return err
+			}
+			state := t.enqueueWaiting(q, sq)
+			var pausedFrom any
+			if state == sluice.StatePaused {
+				pausedFrom = string(sluice.StateQueued)
+			}
+			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE id = ?`, state, pausedFrom, d.id); err != nil {
+				return err
+			}
+		}
+		n = len(list)
+		var nextUS sql.NullInt64
+		if err := t.tx.QueryRowContext(ctx, `SELECT min(run_at) FROM tasks WHERE state = 'scheduled'`).Scan(&nextUS); err != nil {
+			return err
+		}
+		if nextUS.Valid {
+			next = fromUS(nextUS.Int64)
+		}
+		return nil
+	})
+	return n, next, o, err
+}
+
+// SweepExpired recovers the tasks of workers whose lease expired and ends
+// attempts past their timeout (S-W6, S-LC3).
+func (s *Store) SweepExpired(ctx context.Context, now time.Time, limit int, backoff store.Backoff) (int, store.Outcome, error) {
+	var n int
+	o, err := s.write(ctx, now, func(t *txn) error {
+		n = 0
+		rows, err := t.tx.QueryContext(ctx, `SELECT id FROM workers WHERE lease_expires_at < ? LIMIT ?`, t.now, limit)
+		if err != nil {
+			return fmt.Errorf("sweeping leases: %w", err)
+		}
+		var dead []string
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			dead = append(dead, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, id := range dead {
+			if _, err := t.exec(`DELETE FROM workers WHERE id = ?`, id); err != nil {
+				return err
+			}
+			if err := t.dropWorker(id, fmt.Sprintf("lease expired: worker %s stopped heartbeating", id)); err != nil {
+				return err
+			}
+			n++
+		}
+		rows, err = t.tx.QueryContext(ctx, `SELECT `+runningCols+`, timeout_us FROM tasks WHERE state = 'running' AND timeout_at IS NOT NULL AND timeout_at < ? LIMIT ?`, t.now, limit)
+		if err != nil {
+			return fmt.Errorf("sweeping timeouts: %w", err)
+		}
+		type timedOut struct {
+			rt      *runningTask
+			timeout time.Duration
+		}
+		var list []timedOut
+		for rows.Next() {
+			rt := &runningTask{}
+			var tus int64
+			if err := rows.Scan(&rt.id, &rt.sq, &rt.queue, &rt.workerID, &rt.attempt, &rt.maxAttempts, &rt.startedAt, &rt.cancelRequested, &rt.createdAt, &tus); err != nil {
+				rows.Close()
+				return err
+			}
+			list = append(list, timedOut{rt, time.Duration(tus) * time.Microsecond})
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, to := range list {
+			if err := t.endAttempt(to.rt, outcome{err: fmt.Sprintf("timeout: attempt exceeded %s", to.timeout), backoff: backoff}); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, o, err
+}
+
+// ExpireDeadlines fails tasks not started by their dispatch deadline
+// (S-LC4) with an error starting "capacity:".
+func (s *Store) ExpireDeadlines(ctx context.Context, now time.Time, limit int) (int, store.Outcome, error) {
+	var n int
+	o, err := s.write(ctx, now, func(t *txn) error {
+		n = 0
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt FROM tasks
+			WHERE dispatch_deadline_at IS NOT NULL AND state IN ('scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= ?
+			ORDER BY dispatch_deadline_at LIMIT ?`, t.now, limit)
+		if err != nil {
+			return fmt.Errorf("expiring deadlines: %w", err)
+		}
+		type exp struct {
+			id, sq, dl int64
+			state      sluice.TaskState
+			queue      string
+			attempt    int
+		}
+		var list []exp
+		for rows.Next() {
+			var e exp
+			if err := rows.Scan(&e.id, &e.state, &e.sq, &e.queue, &e.dl, &e.attempt); err != nil {
+				rows.Close()
+				return err
+			}
+			list = append(list, e)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, e := range list {
+			why := fmt.Sprintf("capacity: not started within its dispatch deadline of %s (was %s in queue %q)",
+				time.Duration(e.dl)*time.Microsecond, e.state, e.queue)
+			if e.attempt > 0 {
+				why = fmt.Sprintf("capacity: not restarted within its dispatch deadline of %s after %d attempt(s) (was %s in queue %q)",
+					time.Duration(e.dl)*time.Microsecond, e.attempt, e.state, e.queue)
+			}
+			if err := t.cancelWaiting(e.id, e.state, e.sq, e.queue, why); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, o, err
+}

@@ -1,0 +1,344 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// RegisterWorker records a worker and the kinds it handles.
+func (s *Store) RegisterWorker(ctx context.Context, now time.Time, w store.Worker) error {
+	kinds, _ := json.Marshal(w.Kinds)
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, w.ID, w.Name, string(kinds), w.Slots, w.Slots, us(now), us(now), us(w.LeaseExpiresAt)); err != nil {
+			return fmt.Errorf("registering worker: %w", err)
+		}
+		for _, k := range w.Kinds {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO worker_kinds (kind, worker_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, k, w.ID); err != nil {
+				return fmt.Errorf("registering worker: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// ListWorkers returns the live workers, oldest first.
+func (s *Store) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, name, kinds, slots, free_slots, started_at, last_heartbeat_at,
+		(SELECT count(*) FROM tasks t WHERE t.state = 'running' AND t.worker_id = workers.id)
+		FROM workers ORDER BY started_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing workers: %w", err)
+	}
+	defer rows.Close()
+	out := []sluice.WorkerInfo{}
+	for rows.Next() {
+		var w sluice.WorkerInfo
+		var kinds string
+		var started, hb int64
+		if err := rows.Scan(&w.ID, &w.Name, &kinds, &w.Slots, &w.FreeSlots, &started, &hb, &w.Running); err != nil {
+			return nil, err
+		}
+		_ = json.Unmarshal([]byte(kinds), &w.Kinds)
+		w.StartedAt, w.LastHeartbeatAt = fromUS(started), fromUS(hb)
+		out = append(out, w)
+	}
+	return out, rows.Err()
+}
+
+// KindHasWorker reports whether a live worker handles kind.
+func (s *Store) KindHasWorker(ctx context.Context, kind string) (bool, error) {
+	var n int
+	err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM worker_kinds WHERE kind = ?`, kind).Scan(&n)
+	return n > 0, err
+}
+
+func workerNotFound(id string) error {
+	return sluice.NotFound("worker %q is not registered (its lease may have expired): register again", id)
+}
+
+type candidate struct {
+	id, rank int64
+	priority int
+}
+
+// claimChunk bounds the ids in one UPDATE … WHERE id IN (…).
+const claimChunk = 500
+
+// Claim leases ready tasks to a worker; see store.Store.
+func (s *Store) Claim(ctx context.Context, now time.Time, workerID string, limit int, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
+	var out []sluice.ClaimedTask
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		out = out[:0]
+		var slots int
+		var kindsJSON string
+		err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds`, us(leaseUntil), workerID).Scan(&slots, &kindsJSON)
+		if err == sql.ErrNoRows {
+			return workerNotFound(workerID)
+		}
+		if err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+		var held int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID).Scan(&held); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+		n := min(limit, slots-held)
+		if n <= 0 {
+			return nil
+		}
+		var kinds []string
+		if err := json.Unmarshal([]byte(kindsJSON), &kinds); err != nil {
+			return fmt.Errorf("claim: worker kinds: %w", err)
+		}
+		// One index range per kind, merged here: each reads at most n
+		// ready rows, whatever waits behind limits.
+		var cands []candidate
+		for _, kind := range kinds {
+			rows, err := tx.QueryContext(ctx, `SELECT id, priority, rank FROM tasks WHERE state = 'ready' AND kind = ?
+				AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > ?) ORDER BY priority DESC, rank, id LIMIT ?`, kind, us(now), n)
+			if err != nil {
+				return fmt.Errorf("claim: %w", err)
+			}
+			for rows.Next() {
+				var c candidate
+				if err := rows.Scan(&c.id, &c.priority, &c.rank); err != nil {
+					rows.Close()
+					return err
+				}
+				cands = append(cands, c)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		if len(kinds) > 1 {
+			sort.Slice(cands, func(i, j int) bool {
+				a, b := cands[i], cands[j]
+				if a.priority != b.priority {
+					return a.priority > b.priority
+				}
+				if a.rank != b.rank {
+					return a.rank < b.rank
+				}
+				return a.id < b.id
+			})
+		}
+		cands = cands[:min(n, len(cands))]
+		if len(cands) == 0 {
+			return nil
+		}
+		var maxRank int64
+		for start := 0; start < len(cands); start += claimChunk {
+			chunk := cands[start:min(start+claimChunk, len(cands))]
+			args := []any{workerID, us(now), us(now)}
+			for _, c := range chunk {
+				args = append(args, c.id)
+				maxRank = max(maxRank, c.rank)
+			}
+			rows, err := tx.QueryContext(ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, worker_id = ?, started_at = ?,
+				timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END
+				WHERE id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND state = 'ready'
+				RETURNING id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at`, args...)
+			if err != nil {
+				return fmt.Errorf("claim: %w", err)
+			}
+			for rows.Next() {
+				var c sluice.ClaimedTask
+				var input []byte
+				var timeoutUS, created int64
+				if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created); err != nil {
+					rows.Close()
+					return err
+				}
+				c.Input = jsonOrNull(input)
+				c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+				c.CreatedAt = fromUS(created)
+				c.StartedAt = now.UTC()
+				c.LeaseExpiresAt = leaseUntil.UTC()
+				out = append(out, c)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		// RETURNING comes in table order: restore the claim order.
+		pos := make(map[int64]int, len(cands))
+		for i, c := range cands {
+			pos[c.id] = i
+		}
+		sort.Slice(out, func(i, j int) bool { return pos[out[i].ID] < pos[out[j].ID] })
+		_, err = tx.ExecContext(ctx, `UPDATE env SET vtime = max(vtime, ?) WHERE id = 1`, maxRank)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Complete ends attempts reported by a worker; see store.Store.
+func (s *Store) Complete(ctx context.Context, now time.Time, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
+	acks := make([]sluice.ResultAck, len(results))
+	o, err := s.write(ctx, now, func(t *txn) error {
+		for i, r := range results {
+			acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+			rt, err := scanRunning(t.tx.QueryRowContext(ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ?`,
+				r.TaskID, workerID, r.Attempt))
+			if err == sql.ErrNoRows {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("complete: %w", err)
+			}
+			oc := outcome{ok: r.Error == "", output: r.Output, err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff}
+			if len(oc.output) == 0 {
+				oc.output = []byte("null")
+			}
+			if err := t.endAttempt(rt, oc); err != nil {
+				return fmt.Errorf("complete task %d: %w", r.TaskID, err)
+			}
+			acks[i].Status = "ok"
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	return acks, o, nil
+}
+
+// Heartbeat extends a worker's lease; see store.Store.
+func (s *Store) Heartbeat(ctx context.Context, now time.Time, workerID string, p sluice.HeartbeatParams, leaseUntil time.Time) (lost, cancel []int64, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		lost, cancel = nil, nil
+		res, err := tx.ExecContext(ctx, `UPDATE workers SET lease_expires_at = ?, last_heartbeat_at = ?, free_slots = ? WHERE id = ?`,
+			us(leaseUntil), us(now), p.FreeSlots, workerID)
+		if err != nil {
+			return fmt.Errorf("heartbeat: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return workerNotFound(workerID)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+		if err != nil {
+			return fmt.Errorf("heartbeat: %w", err)
+		}
+		defer rows.Close()
+		owned := map[int64]bool{}
+		for rows.Next() {
+			var id int64
+			var cr bool
+			if err := rows.Scan(&id, &cr); err != nil {
+				return err
+			}
+			owned[id] = true
+			if cr {
+				cancel = append(cancel, id)
+			}
+		}
+		for _, id := range p.Held {
+			if !owned[id] {
+				lost = append(lost, id)
+			}
+		}
+		return rows.Err()
+	})
+	return lost, cancel, err
+}
+
+// Release hands claimed tasks back unstarted: they keep their slots and
+// are ready again (or paused, giving the slot back, if their queue was
+// paused meanwhile), and the attempt is not counted.
+func (s *Store) Release(ctx context.Context, now time.Time, workerID string, ids []int64) (store.Outcome, error) {
+	return s.write(ctx, now, func(t *txn) error {
+		if _, err := t.loadEnv(); err != nil {
+			return err
+		}
+		for _, id := range ids {
+			rt, err := scanRunning(t.tx.QueryRowContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ?`, id, workerID))
+			if err == sql.ErrNoRows {
+				continue // not ours any more: nothing to release
+			}
+			if err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			q, err := t.queue(rt.queue, false)
+			if err != nil {
+				return err
+			}
+			state := sluice.StateReady
+			var pausedFrom any
+			if q.paused {
+				sq, err := t.subqueue(rt.sq)
+				if err != nil {
+					return err
+				}
+				t.release(sq)
+				state, pausedFrom = sluice.StatePaused, string(sluice.StateQueued)
+			} else {
+				t.readied++
+			}
+			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, attempt = attempt - 1, worker_id = NULL, timeout_at = NULL,
+				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END WHERE id = ?`, state, pausedFrom, id); err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// DeregisterWorker removes a worker; see store.Store.
+func (s *Store) DeregisterWorker(ctx context.Context, now time.Time, workerID string, backoff store.Backoff) (store.Outcome, error) {
+	return s.write(ctx, now, func(t *txn) error {
+		res, err := t.exec(`DELETE FROM workers WHERE id = ?`, workerID)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return workerNotFound(workerID)
+		}
+		return t.dropWorker(workerID, "worker deregistered while running the task")
+	})
+}
+
+// dropWorker ends the attempts a gone worker still holds; each goes back
+// to the flow at once (no backoff), counted as an attempt.
+func (t *txn) dropWorker(workerID, reason string) error {
+	if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
+		return err
+	}
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+	if err != nil {
+		return err
+	}
+	var held []*runningTask
+	for rows.Next() {
+		rt, err := scanRunning(rows)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		held = append(held, rt)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, rt := range held {
+		if err := t.endAttempt(rt, outcome{err: reason, retryAfter: -1}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

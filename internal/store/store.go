@@ -1,0 +1,154 @@
+// Package store defines the storage interface of the sluice engine.
+//
+// Flow control lives in the store: every method that changes task state is
+// one database transaction that also maintains the slot counters and
+// refills freed slots (promotes queued tasks to ready) before it commits. So
+// limits hold however many engine replicas share the database, a freed slot
+// is never left idle, and a claim only ever reads ready tasks — a task
+// blocked by a limit is queued, and no claim scans queued tasks (S-ST3).
+//
+// Implementations: internal/store/sqlite (and PostgreSQL next). Both pass
+// the conformance suite in internal/store/storetest.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// NewTask is a validated task to insert. Defaults are already applied.
+type NewTask struct {
+	Kind             string
+	Input            json.RawMessage
+	Queue            string
+	ConcurrencyKey   string
+	Priority         int
+	MaxAttempts      int
+	Timeout          time.Duration
+	RunAt            time.Time // zero = now
+	DispatchDeadline time.Duration
+	IdempotencyKey   string
+}
+
+// EnqueueResult is the outcome of one NewTask.
+type EnqueueResult struct {
+	Task    *sluice.Task
+	Created bool
+}
+
+// Limits are the server-wide settings a transaction checks.
+type Limits struct {
+	// MaxActive is the admission ceiling on unfinished tasks; 0 = none.
+	MaxActive int
+}
+
+// Outcome of Enqueue/Complete/…: how many tasks became ready (so the engine
+// can wake long-polling workers).
+type Outcome struct {
+	Readied int
+}
+
+// Worker is a registered worker.
+type Worker struct {
+	ID              string
+	Name            string
+	Kinds           []string
+	Slots           int
+	FreeSlots       int
+	StartedAt       time.Time
+	LastHeartbeatAt time.Time
+	LeaseExpiresAt  time.Time
+}
+
+// Backoff returns the delay before attempt+1 after a failed attempt.
+type Backoff func(attempt int) time.Duration
+
+// SubqueueStatus explains a queued task's sub-queue (for S-FC9).
+type SubqueueStatus struct {
+	Queue          string
+	ConcurrencyKey string
+	Limit          *int
+	Running        int
+	Paused         bool
+}
+
+// EnvStatus is the environment's slot counters.
+type EnvStatus struct {
+	MaxRunning int // 0 = unlimited
+	Running    int
+	Active     int
+}
+
+// Store is the storage interface. Times are passed in by the engine (which
+// owns the clock) so tests control them.
+type Store interface {
+	// Migrate applies pending migrations and returns their names.
+	Migrate(ctx context.Context) ([]string, error)
+	Close() error
+	// Ping checks the database answers (readiness).
+	Ping(ctx context.Context) error
+
+	// Enqueue inserts tasks in one transaction. If any would exceed an
+	// admission ceiling, nothing is inserted and *sluice.AdmissionError is
+	// returned. A task whose idempotency key exists returns the existing
+	// task with Created false.
+	Enqueue(ctx context.Context, now time.Time, lim Limits, tasks []NewTask) ([]EnqueueResult, Outcome, error)
+	// GetTask returns a task with its attempts, or sluice.ErrNotFound.
+	GetTask(ctx context.Context, id int64) (*sluice.Task, error)
+	// ListTasks returns up to f.Limit+1 tasks newest first with id < after.
+	ListTasks(ctx context.Context, f sluice.TaskFilter, afterID int64) ([]sluice.Task, error)
+	// CancelTask cancels a waiting task at once; a running one gets
+	// cancel_requested and ends when its worker reports or its lease ends.
+	// A finished task is a conflict.
+	CancelTask(ctx context.Context, now time.Time, id int64) (*sluice.Task, Outcome, error)
+
+	PutQueue(ctx context.Context, now time.Time, name string, p sluice.QueueParams) (*sluice.Queue, Outcome, error)
+	GetQueue(ctx context.Context, name string) (*sluice.Queue, error)
+	ListQueues(ctx context.Context) ([]sluice.Queue, error)
+	// SetQueuePaused pauses (ready and queued tasks become paused, ready
+	// ones give back their slots) or resumes (paused tasks return to
+	// queued and are promoted as slots allow).
+	SetQueuePaused(ctx context.Context, now time.Time, name string, paused bool) (*sluice.Queue, Outcome, error)
+
+	// SetEnvLimit sets the environment limit on running tasks (0 =
+	// unlimited) and refills if it rose.
+	SetEnvLimit(ctx context.Context, now time.Time, maxRunning int) (Outcome, error)
+	EnvStatus(ctx context.Context) (EnvStatus, error)
+	SubqueueStatus(ctx context.Context, taskID int64) (*SubqueueStatus, error)
+	// KindHasWorker reports whether a live worker handles kind.
+	KindHasWorker(ctx context.Context, kind string) (bool, error)
+
+	RegisterWorker(ctx context.Context, now time.Time, w Worker) error
+	ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error)
+	// Claim leases up to max ready tasks of the worker's kinds, never more
+	// than its free slots, best priority then fair rank first, and extends
+	// the worker's lease to leaseUntil.
+	Claim(ctx context.Context, now time.Time, workerID string, max int, leaseUntil time.Time) ([]sluice.ClaimedTask, error)
+	// Complete ends attempts. A result for an attempt the worker no longer
+	// holds is acknowledged "stale" and dropped.
+	Complete(ctx context.Context, now time.Time, workerID string, results []sluice.TaskResult, backoff Backoff) ([]sluice.ResultAck, Outcome, error)
+	// Heartbeat extends the worker's lease and reports held tasks it lost
+	// and held tasks whose cancellation was requested.
+	Heartbeat(ctx context.Context, now time.Time, workerID string, p sluice.HeartbeatParams, leaseUntil time.Time) (lost, cancel []int64, err error)
+	// Release hands tasks back unstarted; the attempt is not counted.
+	Release(ctx context.Context, now time.Time, workerID string, ids []int64) (Outcome, error)
+	// DeregisterWorker removes a worker; tasks it still runs are treated
+	// as if its lease expired.
+	DeregisterWorker(ctx context.Context, now time.Time, workerID string, backoff Backoff) (Outcome, error)
+
+	// PromoteDue moves up to limit scheduled tasks whose run_at has come to
+	// queued (or paused) and refills. next is the earliest remaining run_at
+	// (zero if none).
+	PromoteDue(ctx context.Context, now time.Time, limit int) (n int, next time.Time, o Outcome, err error)
+	// SweepExpired ends the attempts of workers whose lease expired (then
+	// forgets those workers) and of attempts past their timeout.
+	SweepExpired(ctx context.Context, now time.Time, limit int, backoff Backoff) (n int, o Outcome, err error)
+	// ExpireDeadlines fails tasks not started by their dispatch deadline.
+	ExpireDeadlines(ctx context.Context, now time.Time, limit int) (n int, o Outcome, err error)
+	// CheckCounters recomputes every slot counter from the tasks and
+	// returns a description of each mismatch (tests and `sluice doctor`).
+	CheckCounters(ctx context.Context) ([]string, error)
+}

@@ -1,0 +1,862 @@
+// Package storetest is the conformance suite every store.Store passes
+// (S-ST1). A backend's test calls Run with a constructor that returns a
+// fresh, migrated, empty store per test, so tests run in parallel.
+package storetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// NewStore returns a fresh, migrated, empty store; the test cleans it up.
+type NewStore func(t *testing.T) store.Store
+
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+// noBackoff retries at once.
+func noBackoff(int) time.Duration { return 0 }
+
+func fixedBackoff(d time.Duration) store.Backoff { return func(int) time.Duration { return d } }
+
+func intp(v int) *int { return &v }
+
+// h bundles a store with helpers for one test.
+type h struct {
+	t   *testing.T
+	st  store.Store
+	ctx context.Context
+	now time.Time
+}
+
+func newH(t *testing.T, ns NewStore) *h {
+	t.Parallel()
+	return &h{t: t, st: ns(t), ctx: context.Background(), now: t0}
+}
+
+func (h *h) tick(d time.Duration) { h.now = h.now.Add(d) }
+
+func (h *h) enqueue(nts ...store.NewTask) []*sluice.Task {
+	h.t.Helper()
+	for i := range nts {
+		if nts[i].Queue == "" {
+			nts[i].Queue = nts[i].Kind
+		}
+		if nts[i].MaxAttempts == 0 {
+			nts[i].MaxAttempts = 3
+		}
+	}
+	res, _, err := h.st.Enqueue(h.ctx, h.now, store.Limits{}, nts)
+	require.NoError(h.t, err)
+	out := make([]*sluice.Task, len(res))
+	for i, r := range res {
+		out[i] = r.Task
+	}
+	return out
+}
+
+func (h *h) worker(id string, slots int, kinds ...string) {
+	h.t.Helper()
+	require.NoError(h.t, h.st.RegisterWorker(h.ctx, h.now, store.Worker{ID: id, Name: id, Kinds: kinds, Slots: slots, LeaseExpiresAt: h.now.Add(30 * time.Second)}))
+}
+
+func (h *h) claim(worker string, n int) []sluice.ClaimedTask {
+	h.t.Helper()
+	got, err := h.st.Claim(h.ctx, h.now, worker, n, h.now.Add(30*time.Second))
+	require.NoError(h.t, err)
+	return got
+}
+
+func (h *h) complete(worker string, rs ...sluice.TaskResult) []sluice.ResultAck {
+	h.t.Helper()
+	acks, _, err := h.st.Complete(h.ctx, h.now, worker, rs, noBackoff)
+	require.NoError(h.t, err)
+	return acks
+}
+
+func ok(c sluice.ClaimedTask) sluice.TaskResult {
+	return sluice.TaskResult{TaskID: c.ID, Attempt: c.Attempt, Output: json.RawMessage(`{"ok":true}`)}
+}
+
+func fail(c sluice.ClaimedTask, msg string) sluice.TaskResult {
+	return sluice.TaskResult{TaskID: c.ID, Attempt: c.Attempt, Error: msg}
+}
+
+func (h *h) get(id int64) *sluice.Task {
+	h.t.Helper()
+	task, err := h.st.GetTask(h.ctx, id)
+	require.NoError(h.t, err)
+	return task
+}
+
+func (h *h) state(id int64) sluice.TaskState { return h.get(id).State }
+
+// counters asserts the counters match the tasks and no capacity idles.
+func (h *h) counters() {
+	h.t.Helper()
+	bad, err := h.st.CheckCounters(h.ctx)
+	require.NoError(h.t, err)
+	require.Empty(h.t, bad)
+}
+
+func ids(cs []sluice.ClaimedTask) []int64 {
+	out := make([]int64, len(cs))
+	for i, c := range cs {
+		out[i] = c.ID
+	}
+	return out
+}
+
+func taskIDs(ts []*sluice.Task) []int64 {
+	out := make([]int64, len(ts))
+	for i, t := range ts {
+		out[i] = t.ID
+	}
+	return out
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, ns NewStore) {
+	tests := map[string]func(t *testing.T, ns NewStore){
+		"EnqueueAndGet":           testEnqueueAndGet,
+		"ClaimCompleteLifecycle":  testLifecycle,
+		"QueueLimit":              testQueueLimit,
+		"KeyLimitsAreIndependent": testKeyLimits,
+		"EnvironmentLimit":        testEnvLimit,
+		"EnvironmentRoundRobin":   testEnvRoundRobin,
+		"PriorityThenFIFO":        testPriorityFIFO,
+		"FairRankAcrossKeys":      testFairRank,
+		"WorkerSlots":             testWorkerSlots,
+		"RetryReleasesSlot":       testRetryReleasesSlot,
+		"NoRetryAndMaxAttempts":   testNoRetry,
+		"StaleResult":             testStale,
+		"Admission":               testAdmission,
+		"QueueBacklog":            testQueueBacklog,
+		"Idempotency":             testIdempotency,
+		"PauseResume":             testPauseResume,
+		"PutQueueRaisesLimit":     testRaiseLimit,
+		"CancelWaitingAndRunning": testCancel,
+		"Release":                 testRelease,
+		"LeaseExpiry":             testLeaseExpiry,
+		"Heartbeat":               testHeartbeat,
+		"Timeout":                 testTimeout,
+		"DispatchDeadline":        testDeadline,
+		"Scheduled":               testScheduled,
+		"ListTasks":               testList,
+		"Queues":                  testQueues,
+		"ConcurrentCompletions":   testConcurrentCompletions,
+		"Deregister":              testDeregister,
+		"KindsOnlyClaimed":        testKinds,
+	}
+	for name, fn := range tests {
+		t.Run(name, func(t *testing.T) { fn(t, ns) })
+	}
+}
+
+func testEnqueueAndGet(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.enqueue(store.NewTask{Kind: "echo", Input: json.RawMessage(`{"a":1}`), Priority: 5, Timeout: time.Second, DispatchDeadline: time.Minute})
+	got := h.get(tasks[0].ID)
+	require.Equal(t, "echo", got.Kind)
+	require.Equal(t, "echo", got.Queue)
+	require.Equal(t, sluice.StateReady, got.State)
+	require.JSONEq(t, `{"a":1}`, string(got.Input))
+	require.Equal(t, 5, got.Priority)
+	require.Equal(t, time.Second, got.Timeout.D())
+	require.NotNil(t, got.DispatchDeadlineAt)
+	require.Equal(t, t0.Add(time.Minute), *got.DispatchDeadlineAt)
+	require.Equal(t, t0, got.CreatedAt)
+	require.Empty(t, got.Attempts)
+	_, err := h.st.GetTask(h.ctx, 999999)
+	require.True(t, errors.Is(err, sluice.ErrNotFound), "got %v", err)
+	h.counters()
+}
+
+func testLifecycle(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	task := h.enqueue(store.NewTask{Kind: "echo"})[0]
+	h.worker("w1", 10, "echo")
+	h.tick(time.Millisecond)
+	c := h.claim("w1", 10)
+	require.Len(t, c, 1)
+	require.Equal(t, task.ID, c[0].ID)
+	require.Equal(t, 1, c[0].Attempt)
+	got := h.get(task.ID)
+	require.Equal(t, sluice.StateRunning, got.State)
+	require.Equal(t, "w1", got.WorkerID)
+	require.NotNil(t, got.LeaseExpiresAt)
+	require.Len(t, got.Attempts, 1)
+	require.Equal(t, sluice.StateRunning, got.Attempts[0].State)
+	h.tick(time.Millisecond)
+	require.Equal(t, "ok", h.complete("w1", ok(c[0]))[0].Status)
+	got = h.get(task.ID)
+	require.Equal(t, sluice.StateSucceeded, got.State)
+	require.JSONEq(t, `{"ok":true}`, string(got.Output))
+	require.NotNil(t, got.FinishedAt)
+	require.Len(t, got.Attempts, 1)
+	require.Equal(t, sluice.StateSucceeded, got.Attempts[0].State)
+	require.Equal(t, "w1", got.Attempts[0].WorkerID)
+	require.Empty(t, h.claim("w1", 10))
+	h.counters()
+}
+
+func testQueueLimit(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for range 5 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "q"})
+	}
+	tasks := h.enqueue(nts...)
+	require.Equal(t, sluice.StateReady, tasks[0].State)
+	require.Equal(t, sluice.StateReady, tasks[1].State)
+	require.Equal(t, sluice.StateQueued, tasks[2].State)
+	h.worker("w", 100, "k")
+	c := h.claim("w", 100)
+	require.Equal(t, taskIDs(tasks[:2]), ids(c))
+	require.Empty(t, h.claim("w", 100))
+	h.counters()
+	// Finishing one refills exactly one slot, in the same transaction.
+	h.complete("w", ok(c[0]))
+	require.Equal(t, sluice.StateReady, h.state(tasks[2].ID))
+	require.Equal(t, sluice.StateQueued, h.state(tasks[3].ID))
+	h.counters()
+	c2 := h.claim("w", 100)
+	require.Equal(t, []int64{tasks[2].ID}, ids(c2))
+	h.complete("w", ok(c[1]), ok(c2[0]))
+	c3 := h.claim("w", 100)
+	require.Equal(t, taskIDs(tasks[3:]), ids(c3))
+	h.counters()
+}
+
+func testKeyLimits(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for i := range 3 {
+		for _, k := range []string{"a", "b", "c"} {
+			nts = append(nts, store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: k, Input: json.RawMessage(fmt.Sprint(i))})
+		}
+	}
+	h.enqueue(nts...)
+	h.worker("w", 100, "k")
+	c := h.claim("w", 100)
+	require.Len(t, c, 3, "one per key")
+	keys := map[string]bool{}
+	for _, x := range c {
+		keys[x.ConcurrencyKey] = true
+		require.JSONEq(t, "0", string(x.Input), "FIFO within a key")
+	}
+	require.Len(t, keys, 3)
+	h.complete("w", ok(c[0]))
+	c2 := h.claim("w", 100)
+	require.Len(t, c2, 1)
+	require.Equal(t, c[0].ConcurrencyKey, c2[0].ConcurrencyKey)
+	require.JSONEq(t, "1", string(c2[0].Input))
+	h.counters()
+}
+
+func testEnvLimit(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, err := h.st.SetEnvLimit(h.ctx, h.now, 3)
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for _, q := range []string{"a", "b"} {
+		for range 4 {
+			nts = append(nts, store.NewTask{Kind: "k", Queue: q})
+		}
+	}
+	h.enqueue(nts...)
+	env, err := h.st.EnvStatus(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, env.Running)
+	require.Equal(t, 8, env.Active)
+	h.worker("w", 100, "k")
+	c := h.claim("w", 100)
+	require.Len(t, c, 3)
+	h.counters()
+	h.complete("w", ok(c[0]), ok(c[1]))
+	c2 := h.claim("w", 100)
+	require.Len(t, c2, 2)
+	// Raising the limit refills at once.
+	o, err := h.st.SetEnvLimit(h.ctx, h.now, 0)
+	require.NoError(t, err)
+	require.Equal(t, 3, o.Readied)
+	require.Len(t, h.claim("w", 100), 3)
+	h.counters()
+}
+
+// With the environment limit binding, freed slots go round-robin across
+// sub-queues: a big backlog cannot starve a small one.
+func testEnvRoundRobin(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, err := h.st.SetEnvLimit(h.ctx, h.now, 1)
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for range 10 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "big"})
+	}
+	h.enqueue(nts...)
+	small := h.enqueue(store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "small"})[0]
+	h.worker("w", 100, "k")
+	var order []string
+	for range 3 {
+		c := h.claim("w", 100)
+		require.Len(t, c, 1)
+		order = append(order, c[0].ConcurrencyKey)
+		h.complete("w", ok(c[0]))
+	}
+	require.Equal(t, []string{"big", "small", "big"}, order)
+	require.Equal(t, sluice.StateSucceeded, h.state(small.ID))
+	h.counters()
+}
+
+func testPriorityFIFO(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	blocker := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
+	tasks := h.enqueue(
+		store.NewTask{Kind: "k", Queue: "q", Priority: 0},
+		store.NewTask{Kind: "k", Queue: "q", Priority: 5},
+		store.NewTask{Kind: "k", Queue: "q", Priority: 0},
+		store.NewTask{Kind: "k", Queue: "q", Priority: 5},
+	)
+	h.worker("w", 100, "k")
+	c := h.claim("w", 10)
+	require.Equal(t, []int64{blocker.ID}, ids(c))
+	var order []int64
+	for range 4 {
+		h.complete("w", ok(c[0]))
+		c = h.claim("w", 10)
+		require.Len(t, c, 1)
+		order = append(order, c[0].ID)
+	}
+	require.Equal(t, []int64{tasks[1].ID, tasks[3].ID, tasks[0].ID, tasks[2].ID}, order)
+	h.counters()
+}
+
+// In an unbounded queue every task is ready at once; claim order still
+// interleaves keys (fair rank), so a tenant with many ready tasks does not
+// make another's single task wait behind all of them.
+func testFairRank(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	var nts []store.NewTask
+	for range 50 {
+		nts = append(nts, store.NewTask{Kind: "k", ConcurrencyKey: "big"})
+	}
+	h.enqueue(nts...)
+	h.worker("w", 1000, "k")
+	first := h.claim("w", 5)
+	require.Len(t, first, 5)
+	h.complete("w", ok(first[0]), ok(first[1]), ok(first[2]), ok(first[3]), ok(first[4]))
+	small := h.enqueue(store.NewTask{Kind: "k", ConcurrencyKey: "small"})[0]
+	next := h.claim("w", 2)
+	require.Contains(t, ids(next), small.ID, "the new tenant's task is served within the next claims, not after the 45 waiting")
+	h.counters()
+}
+
+func testWorkerSlots(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	var nts []store.NewTask
+	for range 10 {
+		nts = append(nts, store.NewTask{Kind: "k"})
+	}
+	h.enqueue(nts...)
+	h.worker("w", 3, "k")
+	c := h.claim("w", 100)
+	require.Len(t, c, 3)
+	require.Empty(t, h.claim("w", 100), "no free slots, no claim")
+	h.complete("w", ok(c[0]))
+	require.Len(t, h.claim("w", 100), 1)
+	_, err := h.st.Claim(h.ctx, h.now, "nobody", 1, h.now)
+	require.True(t, errors.Is(err, sluice.ErrNotFound))
+}
+
+func testRetryReleasesSlot(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	acks, _, err := h.st.Complete(h.ctx, h.now, "w", []sluice.TaskResult{fail(c[0], "boom")}, fixedBackoff(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, "ok", acks[0].Status)
+	got := h.get(tasks[0].ID)
+	require.Equal(t, sluice.StateScheduled, got.State)
+	require.Equal(t, "boom", got.Error)
+	require.Equal(t, t0.Add(time.Minute), got.RunAt)
+	// S-LC2: the slot is free during the backoff: the next task runs.
+	require.Equal(t, sluice.StateReady, h.state(tasks[1].ID))
+	h.counters()
+	c2 := h.claim("w", 10)
+	require.Equal(t, []int64{tasks[1].ID}, ids(c2))
+	h.tick(time.Minute)
+	n, _, _, err := h.st.PromoteDue(h.ctx, h.now, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, sluice.StateQueued, h.state(tasks[0].ID), "waits for the key again")
+	h.complete("w", ok(c2[0]))
+	c3 := h.claim("w", 10)
+	require.Equal(t, []int64{tasks[0].ID}, ids(c3))
+	require.Equal(t, 2, c3[0].Attempt)
+	h.complete("w", ok(c3[0]))
+	got = h.get(tasks[0].ID)
+	require.Equal(t, sluice.StateSucceeded, got.State)
+	require.Len(t, got.Attempts, 2)
+	require.Equal(t, sluice.StateFailed, got.Attempts[0].State)
+	require.Equal(t, "boom", got.Attempts[0].Error)
+	h.counters()
+}
+
+func testNoRetry(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.enqueue(store.NewTask{Kind: "k", MaxAttempts: 5}, store.NewTask{Kind: "k", MaxAttempts: 2})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	r := fail(c[0], "bad input")
+	r.NoRetry = true
+	h.complete("w", r, fail(c[1], "x"))
+	require.Equal(t, sluice.StateFailed, h.state(tasks[0].ID))
+	require.Equal(t, sluice.StateReady, h.state(tasks[1].ID), "no backoff: straight back, refilled in the same transaction")
+	h.counters()
+	c2 := h.claim("w", 10)
+	require.Len(t, c2, 1)
+	h.complete("w", fail(c2[0], "y"))
+	got := h.get(tasks[1].ID)
+	require.Equal(t, sluice.StateFailed, got.State)
+	require.Equal(t, "y", got.Error)
+	h.counters()
+}
+
+func testStale(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.enqueue(store.NewTask{Kind: "k"})
+	h.worker("w1", 10, "k")
+	h.worker("w2", 10, "k")
+	c := h.claim("w1", 10)
+	require.Equal(t, "stale", h.complete("w2", ok(c[0]))[0].Status, "another worker")
+	wrong := ok(c[0])
+	wrong.Attempt = 2
+	require.Equal(t, "stale", h.complete("w1", wrong)[0].Status, "another attempt")
+	require.Equal(t, "ok", h.complete("w1", ok(c[0]))[0].Status)
+	require.Equal(t, "stale", h.complete("w1", ok(c[0]))[0].Status, "twice")
+	h.counters()
+}
+
+func testAdmission(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	lim := store.Limits{MaxActive: 3}
+	_, _, err := h.st.Enqueue(h.ctx, h.now, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}, {Kind: "k", Queue: "k", MaxAttempts: 1}})
+	require.NoError(t, err)
+	_, _, err = h.st.Enqueue(h.ctx, h.now, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}, {Kind: "k", Queue: "k", MaxAttempts: 1}})
+	ae, ok := sluice.IsAdmission(err)
+	require.True(t, ok, "got %v", err)
+	require.Positive(t, ae.RetryAfter)
+	page, err := h.st.ListTasks(h.ctx, sluice.TaskFilter{Limit: 100}, 0)
+	require.NoError(t, err)
+	require.Len(t, page, 2, "rejected whole: nothing created")
+	_, _, err = h.st.Enqueue(h.ctx, h.now, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}})
+	require.NoError(t, err)
+	h.counters()
+}
+
+func testQueueBacklog(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{MaxBacklog: intp(2)})
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	_, _, err = h.st.Enqueue(h.ctx, h.now, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "q", MaxAttempts: 1}})
+	ae, ok := sluice.IsAdmission(err)
+	require.True(t, ok, "got %v", err)
+	require.Contains(t, ae.Ceiling, `queue "q"`)
+	h.enqueue(store.NewTask{Kind: "k", Queue: "other"})
+	h.counters()
+}
+
+func testIdempotency(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	a := h.enqueue(store.NewTask{Kind: "k", IdempotencyKey: "abc"})[0]
+	res, _, err := h.st.Enqueue(h.ctx, h.now, store.Limits{MaxActive: 1}, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "abc"}})
+	require.NoError(t, err, "an idempotent replay is never rejected by admission")
+	require.False(t, res[0].Created)
+	require.Equal(t, a.ID, res[0].Task.ID)
+	res, _, err = h.st.Enqueue(h.ctx, h.now, store.Limits{}, []store.NewTask{
+		{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "x"},
+		{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "x"}})
+	require.NoError(t, err)
+	require.True(t, res[0].Created)
+	require.False(t, res[1].Created)
+	require.Equal(t, res[0].Task.ID, res[1].Task.ID)
+	h.counters()
+}
+
+func testPauseResume(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for range 5 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "q"})
+	}
+	tasks := h.enqueue(nts...)
+	h.worker("w", 10, "k")
+	c := h.claim("w", 1) // one running, one ready, three queued
+	q, _, err := h.st.SetQueuePaused(h.ctx, h.now, "q", true)
+	require.NoError(t, err)
+	require.True(t, q.Paused)
+	require.Equal(t, sluice.StateRunning, h.state(tasks[0].ID), "running tasks finish")
+	for _, task := range tasks[1:] {
+		got := h.get(task.ID)
+		require.Equal(t, sluice.StatePaused, got.State)
+		require.Equal(t, sluice.StateQueued, got.PausedFrom)
+	}
+	require.Empty(t, h.claim("w", 10), "no claims from a paused queue")
+	h.counters()
+	h.complete("w", ok(c[0]))
+	require.Empty(t, h.claim("w", 10), "a freed slot is not refilled while paused")
+	late := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
+	require.Equal(t, sluice.StatePaused, late.State)
+	h.counters()
+	_, _, err = h.st.SetQueuePaused(h.ctx, h.now, "q", false)
+	require.NoError(t, err)
+	c2 := h.claim("w", 10)
+	require.Equal(t, taskIDs(tasks[1:3]), ids(c2), "resume restores order and the limit")
+	h.counters()
+	_, _, err = h.st.SetQueuePaused(h.ctx, h.now, "nope", true)
+	require.True(t, errors.Is(err, sluice.ErrNotFound))
+}
+
+func testRaiseLimit(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	_, o, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(3)})
+	require.NoError(t, err)
+	require.Equal(t, 2, o.Readied)
+	h.counters()
+	_, _, err = h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
+	q, err := h.st.GetQueue(h.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, 3, q.Running, "lowering does not preempt")
+	require.Equal(t, 1, q.Counts[sluice.StateQueued])
+}
+
+func testCancel(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	got, _, err := h.st.CancelTask(h.ctx, h.now, tasks[1].ID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateCancelled, got.State)
+	h.counters()
+	got, _, err = h.st.CancelTask(h.ctx, h.now, tasks[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateRunning, got.State, "running: asked, holds its slot")
+	require.True(t, got.CancelRequested)
+	_, cancel, err := h.st.Heartbeat(h.ctx, h.now, "w", sluice.HeartbeatParams{Held: ids(c)}, h.now.Add(time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, ids(c), cancel)
+	h.complete("w", fail(c[0], "cancelled"))
+	require.Equal(t, sluice.StateCancelled, h.state(tasks[0].ID))
+	require.Equal(t, sluice.StateReady, h.state(tasks[2].ID))
+	_, _, err = h.st.CancelTask(h.ctx, h.now, tasks[0].ID)
+	require.True(t, errors.Is(err, sluice.ErrConflict))
+	h.counters()
+}
+
+func testRelease(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	_, err := h.st.Release(h.ctx, h.now, "w", ids(c))
+	require.NoError(t, err)
+	got := h.get(tasks[0].ID)
+	require.Equal(t, sluice.StateReady, got.State)
+	require.Equal(t, 0, got.Attempt, "a release is not an attempt")
+	c2 := h.claim("w", 10)
+	require.Len(t, c2, 2)
+	require.Equal(t, 1, c2[0].Attempt)
+	h.counters()
+}
+
+func testLeaseExpiry(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 2}, store.NewTask{Kind: "k", Queue: "q"})
+	h.worker("dead", 10, "k")
+	c := h.claim("dead", 10)
+	require.Len(t, c, 1)
+	n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	require.NoError(t, err)
+	require.Zero(t, n, "lease not yet expired")
+	h.tick(31 * time.Second)
+	n, o, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, o.Readied)
+	got := h.get(tasks[0].ID)
+	require.Equal(t, sluice.StateReady, got.State, "back in the flow, ahead of younger tasks")
+	require.Contains(t, got.Attempts[0].Error, "lease expired")
+	h.worker("alive", 10, "k")
+	c2 := h.claim("alive", 10)
+	require.Equal(t, tasks[0].ID, c2[0].ID)
+	require.Equal(t, 2, c2[0].Attempt)
+	ws, err := h.st.ListWorkers(h.ctx)
+	require.NoError(t, err)
+	require.Len(t, ws, 1, "the dead worker is forgotten")
+	_, _, err = h.st.Heartbeat(h.ctx, h.now, "dead", sluice.HeartbeatParams{}, h.now)
+	require.True(t, errors.Is(err, sluice.ErrNotFound))
+	h.counters()
+}
+
+func testHeartbeat(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.enqueue(store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	for range 5 {
+		h.tick(20 * time.Second)
+		lost, _, err := h.st.Heartbeat(h.ctx, h.now, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242)}, h.now.Add(30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, []int64{424242}, lost)
+		n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}
+	ws, err := h.st.ListWorkers(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 9, ws[0].FreeSlots)
+	require.Equal(t, 1, ws[0].Running)
+	require.Equal(t, h.now, ws[0].LastHeartbeatAt)
+}
+
+func testTimeout(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	task := h.enqueue(store.NewTask{Kind: "k", Timeout: 5 * time.Second, MaxAttempts: 1})[0]
+	h.worker("w", 10, "k")
+	h.claim("w", 10)
+	h.tick(4 * time.Second)
+	n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	h.tick(2 * time.Second)
+	n, _, err = h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	got := h.get(task.ID)
+	require.Equal(t, sluice.StateFailed, got.State)
+	require.Contains(t, got.Error, "timeout")
+	h.counters()
+}
+
+func testDeadline(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second}, store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second})
+	h.tick(2 * time.Second)
+	h.worker("w", 10, "k")
+	require.Empty(t, h.claim("w", 10), "past its deadline: not started")
+	n, _, err := h.st.ExpireDeadlines(h.ctx, h.now, 100)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for _, task := range tasks {
+		got := h.get(task.ID)
+		require.Equal(t, sluice.StateFailed, got.State)
+		require.Regexp(t, `^capacity: `, got.Error)
+	}
+	h.counters()
+}
+
+func testScheduled(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	task := h.enqueue(store.NewTask{Kind: "k", RunAt: t0.Add(time.Minute)})[0]
+	require.Equal(t, sluice.StateScheduled, task.State)
+	h.worker("w", 10, "k")
+	require.Empty(t, h.claim("w", 10))
+	n, next, _, err := h.st.PromoteDue(h.ctx, h.now, 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, t0.Add(time.Minute), next)
+	h.tick(time.Minute)
+	n, next, o, err := h.st.PromoteDue(h.ctx, h.now, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, o.Readied)
+	require.True(t, next.IsZero())
+	require.Len(t, h.claim("w", 10), 1)
+	h.counters()
+}
+
+func testList(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	for i := range 25 {
+		h.enqueue(store.NewTask{Kind: []string{"a", "b"}[i%2]})
+	}
+	var all []int64
+	after := int64(0)
+	for {
+		page, err := h.st.ListTasks(h.ctx, sluice.TaskFilter{Limit: 10}, after)
+		require.NoError(t, err)
+		n := min(len(page), 10)
+		for _, x := range page[:n] {
+			all = append(all, x.ID)
+		}
+		if len(page) <= 10 {
+			break
+		}
+		after = page[9].ID
+	}
+	require.Len(t, all, 25)
+	for i := 1; i < len(all); i++ {
+		require.Greater(t, all[i-1], all[i], "newest first")
+	}
+	page, err := h.st.ListTasks(h.ctx, sluice.TaskFilter{Kind: "a", State: sluice.StateReady, Limit: 100}, 0)
+	require.NoError(t, err)
+	require.Len(t, page, 13)
+	page, err = h.st.ListTasks(h.ctx, sluice.TaskFilter{Queue: "b", Limit: 100}, 0)
+	require.NoError(t, err)
+	require.Len(t, page, 12)
+}
+
+func testQueues(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	q, _, err := h.st.PutQueue(h.ctx, h.now, "email", sluice.QueueParams{ConcurrencyLimit: intp(5), MaxBacklog: intp(100)})
+	require.NoError(t, err)
+	require.Equal(t, 5, *q.ConcurrencyLimit)
+	require.Equal(t, 100, *q.MaxBacklog)
+	h.enqueue(store.NewTask{Kind: "send", Queue: "email"}, store.NewTask{Kind: "other"})
+	q, err = h.st.GetQueue(h.ctx, "email")
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Counts[sluice.StateReady])
+	require.Equal(t, 1, q.Running)
+	require.Equal(t, 1, q.Active)
+	qs, err := h.st.ListQueues(h.ctx)
+	require.NoError(t, err)
+	require.Len(t, qs, 2, "triggering into an unknown queue creates it")
+	require.Equal(t, "email", qs[0].Name)
+	require.Nil(t, qs[1].ConcurrencyLimit)
+	_, err = h.st.GetQueue(h.ctx, "missing")
+	require.True(t, errors.Is(err, sluice.ErrNotFound))
+	q, _, err = h.st.PutQueue(h.ctx, h.now, "email", sluice.QueueParams{})
+	require.NoError(t, err)
+	require.Nil(t, q.ConcurrencyLimit, "null means unbounded")
+}
+
+// Many goroutines complete and claim at once: counters stay exact and the
+// limit holds.
+func testConcurrentCompletions(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(4)})
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for i := range 120 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: fmt.Sprint(i % 3)})
+	}
+	h.enqueue(nts...)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	done := map[int64]int{}
+	for w := range 4 {
+		id := fmt.Sprintf("w%d", w)
+		h.worker(id, 5, "k")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 400 {
+				c, err := h.st.Claim(h.ctx, h.now, id, 5, h.now.Add(time.Minute))
+				if !assertNoErr(t, err) {
+					return
+				}
+				if len(c) == 0 {
+					mu.Lock()
+					n := len(done)
+					mu.Unlock()
+					if n == 120 {
+						return
+					}
+					continue
+				}
+				var rs []sluice.TaskResult
+				for _, x := range c {
+					rs = append(rs, ok(x))
+				}
+				acks, _, err := h.st.Complete(h.ctx, h.now, id, rs, noBackoff)
+				if !assertNoErr(t, err) {
+					return
+				}
+				mu.Lock()
+				for _, a := range acks {
+					if a.Status == "ok" {
+						done[a.TaskID]++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Len(t, done, 120)
+	for id, n := range done {
+		require.Equal(t, 1, n, "task %d completed %d times", id, n)
+	}
+	h.counters()
+}
+
+func assertNoErr(t *testing.T, err error) bool {
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return true
+}
+
+func testDeregister(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	task := h.enqueue(store.NewTask{Kind: "k"})[0]
+	h.worker("w", 10, "k")
+	h.claim("w", 10)
+	_, err := h.st.DeregisterWorker(h.ctx, h.now, "w", noBackoff)
+	require.NoError(t, err)
+	got := h.get(task.ID)
+	require.Equal(t, sluice.StateReady, got.State)
+	require.Equal(t, 1, got.Attempt)
+	has, err := h.st.KindHasWorker(h.ctx, "k")
+	require.NoError(t, err)
+	require.False(t, has)
+	h.counters()
+}
+
+func testKinds(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.enqueue(store.NewTask{Kind: "a", Priority: 1}, store.NewTask{Kind: "b", Priority: 2}, store.NewTask{Kind: "c", Priority: 3})
+	h.worker("w", 10, "a", "b")
+	c := h.claim("w", 10)
+	require.Len(t, c, 2)
+	require.Equal(t, "b", c[0].Kind, "priority across kinds")
+	require.Equal(t, "a", c[1].Kind)
+	has, err := h.st.KindHasWorker(h.ctx, "c")
+	require.NoError(t, err)
+	require.False(t, has)
+}

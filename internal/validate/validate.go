@@ -1,0 +1,304 @@
+// Package validate holds the input rules of the sluice API. The HTTP layer
+// (internal/httpapi) runs them on every decoded request, and the engine runs
+// them again on the same values (defence in depth), so both reject bad input
+// with the same message before anything changes.
+//
+// Every function returns nil or a *sluice.Error with code bad_request whose
+// Field names the offending input field (a JSON path such as
+// "results[2].task_id") and whose Message starts with that field.
+package validate
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// Limits enforced by the validators.
+const (
+	// MaxNameLen bounds kinds, queue names and worker ids, in bytes.
+	MaxNameLen = 200
+	// MaxConcurrencyKeyLen bounds a concurrency key, in bytes.
+	MaxConcurrencyKeyLen = 500
+	// MaxIdempotencyKeyLen bounds an idempotency key, in bytes.
+	MaxIdempotencyKeyLen = 500
+	// MaxWorkerNameLen bounds a worker's display name, in bytes.
+	MaxWorkerNameLen = 200
+	// MaxAttempts bounds TriggerParams.MaxAttempts (0 means the default).
+	MaxAttempts = 1000
+	// MaxLimit bounds QueueParams.ConcurrencyLimit and MaxBacklog.
+	MaxLimit = math.MaxInt32
+	// MaxClaim bounds ClaimParams.Max.
+	MaxClaim = 10000
+	// MaxClaimWait is the longest long-poll the HTTP API honours; longer
+	// waits are shortened to it.
+	MaxClaimWait = 60 * time.Second
+	// MaxSlots bounds RegisterWorkerParams.Slots and
+	// HeartbeatParams.FreeSlots.
+	MaxSlots = 100000
+	// MaxKinds bounds the kinds one worker registers.
+	MaxKinds = 1000
+	// MaxBatch bounds the entries of one complete, heartbeat or release
+	// call.
+	MaxBatch = 100000
+	// MaxListLimit bounds TaskFilter.Limit.
+	MaxListLimit = 1000
+	// MaxCursorLen bounds TaskFilter.After, in bytes.
+	MaxCursorLen = 1000
+)
+
+// Name checks a required identifier: 1 to MaxNameLen bytes of
+// [A-Za-z0-9_.:-].
+func Name(field, s string) error {
+	if s == "" {
+		return sluice.Invalid(field, "required")
+	}
+	if len(s) > MaxNameLen {
+		return sluice.Invalid(field, "longer than %d bytes", MaxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		if !nameByte(s[i]) {
+			return sluice.Invalid(field, "%s contains %s: use only letters, digits and _ . : -", quote(s), describeRune(s[i:]))
+		}
+	}
+	return nil
+}
+
+func nameByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		c == '_' || c == '.' || c == ':' || c == '-'
+}
+
+// Kind checks a task kind (see Name).
+func Kind(s string) error { return Name("kind", s) }
+
+// QueueName checks a queue name (see Name).
+func QueueName(s string) error { return Name("name", s) }
+
+// WorkerID checks a worker id taken from a request path (see Name).
+func WorkerID(s string) error { return Name("id", s) }
+
+// TaskID checks a task id: ≥ 1.
+func TaskID(field string, id int64) error {
+	if id < 1 {
+		return sluice.Invalid(field, "must be a positive integer")
+	}
+	return nil
+}
+
+// Trigger checks the body of POST /v1/tasks. Zero values mean "default" and
+// are accepted.
+func Trigger(p *sluice.TriggerParams) error {
+	if err := Name("kind", p.Kind); err != nil {
+		return err
+	}
+	if len(p.Input) > 0 && !json.Valid(p.Input) {
+		return sluice.Invalid("input", "not valid JSON")
+	}
+	if p.Queue != "" {
+		if err := Name("queue", p.Queue); err != nil {
+			return err
+		}
+	}
+	if err := text("concurrency_key", p.ConcurrencyKey, MaxConcurrencyKeyLen); err != nil {
+		return err
+	}
+	if p.Priority < math.MinInt32 || p.Priority > math.MaxInt32 {
+		return sluice.Invalid("priority", "must be between %d and %d", math.MinInt32, math.MaxInt32)
+	}
+	if p.MaxAttempts < 0 || p.MaxAttempts > MaxAttempts {
+		return sluice.Invalid("max_attempts", "must be between 1 and %d, or 0 for the default", MaxAttempts)
+	}
+	if p.Timeout < 0 {
+		return sluice.Invalid("timeout", "must not be negative")
+	}
+	if p.DispatchDeadline < 0 {
+		return sluice.Invalid("dispatch_deadline", "must not be negative")
+	}
+	if p.RunAt != nil && (p.RunAt.Year() < 1 || p.RunAt.Year() > 9999) {
+		return sluice.Invalid("run_at", "year must be between 1 and 9999")
+	}
+	return text("idempotency_key", p.IdempotencyKey, MaxIdempotencyKeyLen)
+}
+
+// QueueParams checks the body of PUT /v1/queues/{name}: each limit is null
+// (unbounded) or ≥ 1.
+func QueueParams(p *sluice.QueueParams) error {
+	if err := limit("concurrency_limit", p.ConcurrencyLimit); err != nil {
+		return err
+	}
+	return limit("max_backlog", p.MaxBacklog)
+}
+
+func limit(field string, v *int) error {
+	if v == nil {
+		return nil
+	}
+	if *v < 1 {
+		return sluice.Invalid(field, "must be ≥ 1 or null")
+	}
+	if *v > MaxLimit {
+		return sluice.Invalid(field, "must be at most %d, or null for unbounded", MaxLimit)
+	}
+	return nil
+}
+
+// TaskFilter checks the query of GET /v1/tasks. A zero Limit means the
+// default.
+func TaskFilter(f *sluice.TaskFilter) error {
+	if f.State != "" && !f.State.Valid() {
+		return sluice.Invalid("state", "unknown state %s: want one of %s", quote(string(f.State)), stateList())
+	}
+	if f.Queue != "" {
+		if err := Name("queue", f.Queue); err != nil {
+			return err
+		}
+	}
+	if f.Kind != "" {
+		if err := Name("kind", f.Kind); err != nil {
+			return err
+		}
+	}
+	if f.Limit < 0 || f.Limit > MaxListLimit {
+		return sluice.Invalid("limit", "must be between 1 and %d", MaxListLimit)
+	}
+	return text("after", f.After, MaxCursorLen)
+}
+
+// Register checks the body of POST /v1/workers.
+func Register(p *sluice.RegisterWorkerParams) error {
+	if err := text("name", p.Name, MaxWorkerNameLen); err != nil {
+		return err
+	}
+	if len(p.Kinds) == 0 {
+		return sluice.Invalid("kinds", "required: list the task kinds the worker handles")
+	}
+	if len(p.Kinds) > MaxKinds {
+		return sluice.Invalid("kinds", "more than %d kinds", MaxKinds)
+	}
+	for i, k := range p.Kinds {
+		if err := Name(fmt.Sprintf("kinds[%d]", i), k); err != nil {
+			return err
+		}
+	}
+	if p.Slots < 1 || p.Slots > MaxSlots {
+		return sluice.Invalid("slots", "must be between 1 and %d", MaxSlots)
+	}
+	return nil
+}
+
+// Claim checks the body of POST /v1/workers/{id}/claim. It does not bound
+// Wait: the HTTP API shortens waits over MaxClaimWait, and an in-process
+// worker may wait longer.
+func Claim(p *sluice.ClaimParams) error {
+	if p.Max < 1 || p.Max > MaxClaim {
+		return sluice.Invalid("max", "must be between 1 and %d", MaxClaim)
+	}
+	if p.Wait < 0 {
+		return sluice.Invalid("wait", "must not be negative")
+	}
+	return nil
+}
+
+// Complete checks the body of POST /v1/workers/{id}/complete.
+func Complete(p *sluice.CompleteParams) error {
+	if len(p.Results) > MaxBatch {
+		return sluice.Invalid("results", "more than %d results in one call", MaxBatch)
+	}
+	for i := range p.Results {
+		r := &p.Results[i]
+		if err := TaskID(fmt.Sprintf("results[%d].task_id", i), r.TaskID); err != nil {
+			return err
+		}
+		if r.Attempt < 1 {
+			return sluice.Invalid(fmt.Sprintf("results[%d].attempt", i), "must be ≥ 1 (the attempt number from the claim)")
+		}
+		if len(r.Output) > 0 && !json.Valid(r.Output) {
+			return sluice.Invalid(fmt.Sprintf("results[%d].output", i), "not valid JSON")
+		}
+		if r.RetryAfter < 0 {
+			return sluice.Invalid(fmt.Sprintf("results[%d].retry_after", i), "must not be negative")
+		}
+	}
+	return nil
+}
+
+// Heartbeat checks the body of POST /v1/workers/{id}/heartbeat.
+func Heartbeat(p *sluice.HeartbeatParams) error {
+	if p.FreeSlots < 0 || p.FreeSlots > MaxSlots {
+		return sluice.Invalid("free_slots", "must be between 0 and %d", MaxSlots)
+	}
+	return ids("held", p.Held)
+}
+
+// Release checks the body of POST /v1/workers/{id}/release.
+func Release(p *sluice.ReleaseParams) error {
+	return ids("task_ids", p.TaskIDs)
+}
+
+func ids(field string, v []int64) error {
+	if len(v) > MaxBatch {
+		return sluice.Invalid(field, "more than %d ids in one call", MaxBatch)
+	}
+	for i, id := range v {
+		if err := TaskID(fmt.Sprintf("%s[%d]", field, i), id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// text checks an optional free-form string: valid UTF-8, no control
+// characters, at most max bytes.
+func text(field, s string, max int) error {
+	if len(s) > max {
+		return sluice.Invalid(field, "longer than %d bytes", max)
+	}
+	if !utf8.ValidString(s) {
+		return sluice.Invalid(field, "not valid UTF-8")
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) {
+			return sluice.Invalid(field, "contains %s", describeRune(s[i:]))
+		}
+	}
+	return nil
+}
+
+func describeRune(s string) string {
+	r, _ := utf8.DecodeRuneInString(s)
+	if r == utf8.RuneError {
+		return "invalid UTF-8"
+	}
+	return fmt.Sprintf("%q", r)
+}
+
+// quote quotes s for a message, shortened so that a huge value does not
+// flood the error.
+func quote(s string) string {
+	const max = 64
+	if len(s) > max {
+		cut := max
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		return fmt.Sprintf("%q…", s[:cut])
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func stateList() string {
+	b := make([]byte, 0, 80)
+	for i, s := range sluice.AllStates {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, s...)
+	}
+	return string(b)
+}

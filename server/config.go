@@ -1,0 +1,89 @@
+// Package server runs a sluice server: the store, the engine, its background
+// services and the HTTP API. cmd/sluice wires flags onto Config; Go programs
+// can embed a server and use Server.Backend() in-process.
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Config configures a Server. Zero values take the documented defaults.
+type Config struct {
+	// Addr is the HTTP listen address. Defaults to "127.0.0.1:8080".
+	Addr string
+	// DB is the database URL: "sqlite:PATH" (or "sqlite::memory:").
+	// Defaults to "sqlite:sluice.db".
+	DB string
+	// AdminToken guards the API; WorkerToken guards the worker protocol
+	// only. Both empty only when AuthDisabled (sluice dev).
+	AdminToken   string
+	WorkerToken  string
+	AuthDisabled bool
+	// MaxRunning is the environment limit on running tasks. 0 = unlimited.
+	MaxRunning int
+	// MaxActive is the admission ceiling on unfinished tasks. 0 = none.
+	MaxActive int
+	// Lease is how long a claimed task stays with a silent worker.
+	// Defaults to 30s.
+	Lease time.Duration
+	// SweepInterval is how often expired leases, timeouts and dispatch
+	// deadlines are swept. Defaults to 1s.
+	SweepInterval time.Duration
+	// MaxBodyBytes caps request bodies. Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// NoMigrate skips applying migrations on start.
+	NoMigrate bool
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:8080"
+	}
+	if c.DB == "" {
+		c.DB = "sqlite:sluice.db"
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.SweepInterval == 0 {
+		c.SweepInterval = time.Second
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first bad setting, naming it.
+func (c Config) Validate() error {
+	switch {
+	case !strings.HasPrefix(c.DB, "sqlite:"):
+		return fmt.Errorf("db: %q is not a supported database URL (want sqlite:PATH)", c.DB)
+	case c.MaxRunning < 0:
+		return fmt.Errorf("max-running: must be ≥ 0 (0 = unlimited), got %d", c.MaxRunning)
+	case c.MaxActive < 0:
+		return fmt.Errorf("max-active: must be ≥ 0 (0 = no ceiling), got %d", c.MaxActive)
+	case c.Lease < time.Second:
+		return fmt.Errorf("lease: must be at least 1s, got %s", c.Lease)
+	case c.SweepInterval <= 0 || c.SweepInterval > c.Lease:
+		return fmt.Errorf("sweep-interval: must be > 0 and ≤ lease (%s), got %s", c.Lease, c.SweepInterval)
+	case c.MaxBodyBytes < 1024:
+		return fmt.Errorf("max-body-bytes: must be ≥ 1024, got %d", c.MaxBodyBytes)
+	case !c.AuthDisabled && c.AdminToken == "":
+		return fmt.Errorf("admin-token: required (set --admin-token or SLUICE_ADMIN_TOKEN); auth is off only in `sluice dev`")
+	case !c.AuthDisabled && c.WorkerToken == "":
+		return fmt.Errorf("worker-token: required (set --worker-token or SLUICE_WORKER_TOKEN)")
+	case c.AdminToken != "" && c.AdminToken == c.WorkerToken:
+		return fmt.Errorf("worker-token: must differ from admin-token")
+	}
+	return nil
+}
