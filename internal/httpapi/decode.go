@@ -1,0 +1,320 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// decodeBody reads r's body into v (a pointer to a request struct) strictly:
+// at most maxBytes, exactly one JSON object, no unknown, duplicate or
+// wrongly-cased field names, and every type error names the field by its
+// JSON path ("results[2].task_id: want integer, got string").
+//
+// encoding/json alone is too lenient for an API that promises "bad input
+// gets a clear error that names the field": it matches field names without
+// regard to case, lets the last of two duplicate keys win, and returns the
+// errors of UnmarshalJSON methods (sluice.Duration, time.Time) without the
+// field they came from. So decoding runs in three passes over the bytes:
+// syntax and trailing data, a walk that checks every value against the Go
+// type, and the real json.Unmarshal, which the walk has made unable to fail.
+func decodeBody(w http.ResponseWriter, r *http.Request, maxBytes int64, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errTooLarge(mbe.Limit)
+		}
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "reading request body: " + err.Error()}
+	}
+	return decodeJSON(body, v)
+}
+
+// errBodyTooLarge is answered with 413.
+type errBodyTooLarge struct{ limit int64 }
+
+func (e *errBodyTooLarge) Error() string {
+	return fmt.Sprintf("request body is larger than %d bytes", e.limit)
+}
+
+func errTooLarge(limit int64) error { return &errBodyTooLarge{limit: limit} }
+
+// decodeJSON is decodeBody after the read.
+func decodeJSON(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "request body is required"}
+	}
+	// Pass 1: one well-formed JSON value and nothing after it.
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return syntaxError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: fmt.Sprintf("malformed JSON: unexpected data after the JSON object at byte %d", dec.InputOffset())}
+	}
+	// Pass 2: check every value against the Go type, with paths.
+	t := reflect.TypeOf(v).Elem()
+	if raw[0] != '{' {
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "request body: want a JSON object, got " + jsonKind(raw)}
+	}
+	if err := walk(t, raw, ""); err != nil {
+		return err
+	}
+	// Pass 3: the real decode.
+	if err := json.Unmarshal(raw, v); err != nil {
+		// Unreachable when walk is right; never leak the Go type names.
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "request body: " + cleanJSONError(err)}
+	}
+	return nil
+}
+
+func syntaxError(err error) error {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))}
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed JSON: unexpected end of input"}
+	}
+	return &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed JSON: " + cleanJSONError(err)}
+}
+
+func cleanJSONError(err error) string {
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+var (
+	typeUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+	typeRawMessage  = reflect.TypeFor[json.RawMessage]()
+	typeTime        = reflect.TypeFor[time.Time]()
+	typeDuration    = reflect.TypeFor[sluice.Duration]()
+)
+
+// walk checks raw (a syntactically valid JSON value) against t. path is the
+// JSON path of raw, "" at the top.
+func walk(t reflect.Type, raw json.RawMessage, path string) error {
+	if string(raw) == "null" {
+		// encoding/json leaves the zero value: "absent".
+		return nil
+	}
+	switch {
+	case t == typeRawMessage:
+		return nil
+	case t == typeTime:
+		var tm time.Time
+		if raw[0] != '"' || json.Unmarshal(raw, &tm) != nil {
+			return sluice.Invalid(path, "want an RFC 3339 timestamp such as \"2026-01-02T15:04:05Z\", got %s", describe(raw))
+		}
+		return nil
+	case t == typeDuration:
+		// sluice.Duration's own error quotes the whole value; build one
+		// that stays short.
+		var d sluice.Duration
+		if json.Unmarshal(raw, &d) != nil {
+			if raw[0] == '"' {
+				var s string
+				_ = json.Unmarshal(raw, &s)
+				return sluice.Invalid(path, "invalid duration %q: want a duration string such as \"1.5s\" or \"250ms\"", clip(s))
+			}
+			return sluice.Invalid(path, "want a duration string such as \"1.5s\", got %s", describe(raw))
+		}
+		return nil
+	case reflect.PointerTo(t).Implements(typeUnmarshaler):
+		if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
+			return sluice.Invalid(path, "%s", cleanJSONError(err))
+		}
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return walk(t.Elem(), raw, path)
+	case reflect.Struct:
+		if raw[0] != '{' {
+			return typeMismatch(path, t, raw)
+		}
+		return walkObject(t, raw, path)
+	case reflect.Slice, reflect.Array:
+		if raw[0] != '[' {
+			return typeMismatch(path, t, raw)
+		}
+		var elems []json.RawMessage
+		if err := json.Unmarshal(raw, &elems); err != nil {
+			return sluice.Invalid(path, "%s", cleanJSONError(err))
+		}
+		if t.Kind() == reflect.Array && len(elems) > t.Len() {
+			return sluice.Invalid(path, "at most %d items", t.Len())
+		}
+		for i, e := range elems {
+			if err := walk(t.Elem(), e, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	case reflect.Map:
+		if raw[0] != '{' {
+			return typeMismatch(path, t, raw)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return sluice.Invalid(path, "%s", cleanJSONError(err))
+		}
+		for k, e := range m {
+			if err := walk(t.Elem(), e, join(path, k)); err != nil {
+				return err
+			}
+		}
+		return nil
+	default: // scalars
+		if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
+			return typeMismatch(path, t, raw)
+		}
+		return nil
+	}
+}
+
+// walkObject checks the members of a JSON object against struct type t,
+// reading keys in order so that duplicates are seen.
+func walkObject(t reflect.Type, raw json.RawMessage, path string) error {
+	fields := fieldsOf(t)
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil { // {
+		return syntaxError(err)
+	}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return syntaxError(err)
+		}
+		key, _ := tok.(string)
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return syntaxError(err)
+		}
+		p := join(path, clip(key))
+		f, ok := fields[key]
+		if !ok {
+			for name := range fields {
+				if strings.EqualFold(name, key) {
+					return sluice.Invalid(p, "unknown field (did you mean %q?)", name)
+				}
+			}
+			return sluice.Invalid(p, "unknown field")
+		}
+		if seen[key] {
+			return sluice.Invalid(p, "field appears more than once")
+		}
+		seen[key] = true
+		if err := walk(f, val, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+var fieldCache sync.Map // reflect.Type -> map[string]reflect.Type
+
+// fieldsOf maps the JSON names of struct t's fields to their types, the way
+// encoding/json names them (embedded structs are not used by the API).
+func fieldsOf(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldCache.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	m := make(map[string]reflect.Type, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[name] = f.Type
+	}
+	fieldCache.Store(t, m)
+	return m
+}
+
+func typeMismatch(path string, t reflect.Type, raw json.RawMessage) error {
+	if path == "" {
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: fmt.Sprintf("request body: want %s, got %s", wantKind(t), describe(raw))}
+	}
+	return sluice.Invalid(path, "want %s, got %s", wantKind(t), describe(raw))
+}
+
+// wantKind names the JSON type that decodes into t.
+func wantKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	case reflect.Struct, reflect.Map:
+		return "object"
+	case reflect.Pointer:
+		return wantKind(t.Elem())
+	}
+	return t.Kind().String()
+}
+
+// jsonKind names the JSON type of raw.
+func jsonKind(raw json.RawMessage) string {
+	switch raw[0] {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// describe is jsonKind plus the value for short scalars, so that
+// "want integer, got number 1.5" says what was wrong.
+func describe(raw json.RawMessage) string {
+	k := jsonKind(raw)
+	switch k {
+	case "number", "string":
+		const max = 40
+		s := string(raw)
+		if len(s) > max {
+			return k
+		}
+		return k + " " + s
+	}
+	return k
+}

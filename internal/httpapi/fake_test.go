@@ -1,0 +1,185 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// fakeBackend is a sluice.Backend that records every call and answers with
+// canned values. A test sets err (returned by every method) or one of the
+// hooks to change an answer.
+type fakeBackend struct {
+	mu    sync.Mutex
+	calls []call
+	err   error
+
+	// created is what Trigger reports; default true.
+	notCreated bool
+	// claim, when set, replaces Claim.
+	claim func(ctx context.Context, id string, p sluice.ClaimParams) (*sluice.ClaimResult, error)
+}
+
+type call struct {
+	Method string
+	Arg    any // the params, id or filter passed
+}
+
+var _ sluice.Backend = (*fakeBackend)(nil)
+
+var t0 = time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
+
+func (f *fakeBackend) record(method string, arg any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call{method, arg})
+	return f.err
+}
+
+// Calls returns the recorded calls.
+func (f *fakeBackend) Calls() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]call(nil), f.calls...)
+}
+
+// Methods returns the names of the recorded calls.
+func (f *fakeBackend) Methods() []string {
+	var m []string
+	for _, c := range f.Calls() {
+		m = append(m, c.Method)
+	}
+	return m
+}
+
+func fakeTask(id int64, kind string) *sluice.Task {
+	return &sluice.Task{ID: id, Kind: kind, Queue: kind, State: sluice.StateQueued, MaxAttempts: 3,
+		Input: json.RawMessage(`{"a":1}`), RunAt: t0, CreatedAt: t0, Attempts: []sluice.Attempt{}}
+}
+
+func fakeQueue(name string) *sluice.Queue {
+	return &sluice.Queue{Name: name, Counts: map[sluice.TaskState]int{sluice.StateQueued: 2}, CreatedAt: t0, UpdatedAt: t0}
+}
+
+func (f *fakeBackend) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.Task, bool, error) {
+	if err := f.record("Trigger", p); err != nil {
+		return nil, false, err
+	}
+	return fakeTask(7, p.Kind), !f.notCreated, nil
+}
+
+func (f *fakeBackend) GetTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	if err := f.record("GetTask", id); err != nil {
+		return nil, err
+	}
+	return fakeTask(id, "email"), nil
+}
+
+func (f *fakeBackend) ListTasks(ctx context.Context, fl sluice.TaskFilter) (*sluice.TaskPage, error) {
+	if err := f.record("ListTasks", fl); err != nil {
+		return nil, err
+	}
+	return &sluice.TaskPage{Tasks: []sluice.Task{*fakeTask(1, "email")}, Next: "c1"}, nil
+}
+
+func (f *fakeBackend) CancelTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	if err := f.record("CancelTask", id); err != nil {
+		return nil, err
+	}
+	t := fakeTask(id, "email")
+	t.State = sluice.StateCancelled
+	return t, nil
+}
+
+func (f *fakeBackend) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, error) {
+	if err := f.record("PutQueue", p); err != nil {
+		return nil, err
+	}
+	q := fakeQueue(name)
+	q.ConcurrencyLimit, q.MaxBacklog = p.ConcurrencyLimit, p.MaxBacklog
+	return q, nil
+}
+
+func (f *fakeBackend) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	if err := f.record("GetQueue", name); err != nil {
+		return nil, err
+	}
+	return fakeQueue(name), nil
+}
+
+func (f *fakeBackend) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
+	if err := f.record("ListQueues", nil); err != nil {
+		return nil, err
+	}
+	return []sluice.Queue{*fakeQueue("email")}, nil
+}
+
+func (f *fakeBackend) PauseQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	if err := f.record("PauseQueue", name); err != nil {
+		return nil, err
+	}
+	q := fakeQueue(name)
+	q.Paused = true
+	return q, nil
+}
+
+func (f *fakeBackend) ResumeQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	if err := f.record("ResumeQueue", name); err != nil {
+		return nil, err
+	}
+	return fakeQueue(name), nil
+}
+
+func (f *fakeBackend) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error) {
+	if err := f.record("ListWorkers", nil); err != nil {
+		return nil, err
+	}
+	return []sluice.WorkerInfo{{ID: "w1", Name: "w1", Kinds: []string{"email"}, Slots: 10, FreeSlots: 10, StartedAt: t0, LastHeartbeatAt: t0}}, nil
+}
+
+func (f *fakeBackend) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerParams) (*sluice.WorkerRegistration, error) {
+	if err := f.record("RegisterWorker", p); err != nil {
+		return nil, err
+	}
+	return &sluice.WorkerRegistration{ID: "w1", Lease: sluice.Duration(30 * time.Second), HeartbeatInterval: sluice.Duration(5 * time.Second)}, nil
+}
+
+func (f *fakeBackend) Claim(ctx context.Context, id string, p sluice.ClaimParams) (*sluice.ClaimResult, error) {
+	if err := f.record("Claim", p); err != nil {
+		return nil, err
+	}
+	if f.claim != nil {
+		return f.claim(ctx, id, p)
+	}
+	return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{{ID: 1, Kind: "email", Queue: "email", Attempt: 1, MaxAttempts: 3,
+		Input: json.RawMessage(`{}`), CreatedAt: t0, StartedAt: t0, LeaseExpiresAt: t0.Add(30 * time.Second)}}}, nil
+}
+
+func (f *fakeBackend) Complete(ctx context.Context, id string, p sluice.CompleteParams) (*sluice.CompleteResult, error) {
+	if err := f.record("Complete", p); err != nil {
+		return nil, err
+	}
+	res := &sluice.CompleteResult{}
+	for _, r := range p.Results {
+		res.Results = append(res.Results, sluice.ResultAck{TaskID: r.TaskID, Status: "ok"})
+	}
+	return res, nil
+}
+
+func (f *fakeBackend) Heartbeat(ctx context.Context, id string, p sluice.HeartbeatParams) (*sluice.HeartbeatResult, error) {
+	if err := f.record("Heartbeat", p); err != nil {
+		return nil, err
+	}
+	return &sluice.HeartbeatResult{LeaseExpiresAt: t0.Add(30 * time.Second)}, nil
+}
+
+func (f *fakeBackend) Release(ctx context.Context, id string, p sluice.ReleaseParams) error {
+	return f.record("Release", p)
+}
+
+func (f *fakeBackend) DeregisterWorker(ctx context.Context, id string) error {
+	return f.record("DeregisterWorker", id)
+}

@@ -1,0 +1,192 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/httpapi"
+	"github.com/sluice-dev/sluice/internal/validate"
+)
+
+// The fuzzers feed arbitrary bytes through the real handler, with the fake
+// backend answering success, and check that the API never panics, never
+// answers 5xx, answers 4xx with the error envelope and without calling the
+// backend, and hands the backend only input that passes validation.
+// Seed corpora are in testdata/fuzz/<FuzzName>/.
+
+// fuzzLimit keeps the body limit small so that the fuzzer also explores 413.
+const fuzzLimit = 4 << 10
+
+func fuzzBody(t *testing.T, method, path string, body []byte, revalidate func(arg any) error) {
+	f := &fakeBackend{}
+	h := httpapi.New(f, httpapi.Options{MaxBodyBytes: fuzzLimit})
+	r := httptest.NewRequest(method, path, bytes.NewReader(body))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	checkFuzzAnswer(t, w, f, revalidate)
+}
+
+func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend, revalidate func(arg any) error) {
+	t.Helper()
+	calls := f.Calls()
+	switch {
+	case w.Code >= 200 && w.Code < 300:
+		if len(calls) != 1 {
+			t.Fatalf("status %d but %d backend calls", w.Code, len(calls))
+		}
+		if err := revalidate(calls[0].Arg); err != nil {
+			t.Fatalf("the backend got input that fails validation: %v", err)
+		}
+	case w.Code >= 400 && w.Code < 500:
+		if len(calls) != 0 {
+			t.Fatalf("status %d after backend calls %v", w.Code, calls)
+		}
+		if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("status %d with Content-Type %q", w.Code, ct)
+		}
+		var e struct{ Error *sluice.Error }
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error == nil {
+			t.Fatalf("status %d without the error envelope: %q (%v)", w.Code, w.Body, err)
+		}
+		if e.Error.Code == "" || e.Error.Message == "" {
+			t.Fatalf("empty code or message: %q", w.Body)
+		}
+		if e.Error.Field != "" && !strings.HasPrefix(e.Error.Message, e.Error.Field+": ") {
+			t.Fatalf("message %q does not start with its field %q", e.Error.Message, e.Error.Field)
+		}
+	default:
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+}
+
+func addSeeds(f *testing.F, seeds ...string) {
+	for _, s := range seeds {
+		f.Add([]byte(s))
+	}
+}
+
+// Seeds shared by every body fuzzer: malformed and hostile JSON shapes.
+var commonSeeds = []string{
+	``, ` `, `{`, `}`, `[]`, `null`, `"x"`, `0`, `{}`, `{} {}`, `{}x`, `{"a":1}`,
+	`{"":0}`, `{"\u0000":1}`, "{\"kind\":\"\xff\"}", `[{}]`, `{"results":[[[[[[[[]]]]]]]]}`,
+}
+
+func FuzzDecodeTrigger(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f,
+		`{"kind":"email"}`,
+		`{"kind":"email","input":{"to":"a@b.c"},"queue":"mail","concurrency_key":"user:42","priority":-5,"max_attempts":5,"timeout":"1m","run_at":"2026-01-02T15:04:05Z","dispatch_deadline":"1h","idempotency_key":"k1"}`,
+		`{"kind":5}`, `{"kind":"a","priority":"high"}`, `{"kind":"a","timeout":5}`, `{"kind":"a","priority":1e400}`,
+		`{"kind":"a","priority":-2147483649}`, `{"kind":"a","run_at":"0000-01-01T00:00:00Z"}`, `{"kind":"a","timeout":"-9223372036854775808ns"}`,
+		`{"KIND":"a"}`, `{"kind":"a","kind":"a"}`, `{"kind":"a","input":}`, `{"kind":"a","run_at":null,"timeout":null}`,
+	)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/tasks", body, func(arg any) error {
+			p := arg.(sluice.TriggerParams)
+			return validate.Trigger(&p)
+		})
+	})
+}
+
+func FuzzDecodeQueueParams(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f, `{"concurrency_limit":3}`, `{"concurrency_limit":null,"max_backlog":null}`, `{"concurrency_limit":0}`,
+		`{"max_backlog":-1}`, `{"concurrency_limit":"3"}`, `{"concurrency_limit":3.0}`, `{"concurrency_limit":2147483648}`, `{"limit":1}`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "PUT", "/v1/queues/email", body, func(arg any) error {
+			p := arg.(sluice.QueueParams)
+			return validate.QueueParams(&p)
+		})
+	})
+}
+
+func FuzzDecodeClaim(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f, `{"max":10,"wait":"30s"}`, `{"max":1}`, `{"max":0}`, `{"max":10001}`, `{"max":1,"wait":"2562047h"}`,
+		`{"max":1,"wait":5}`, `{"max":1,"wait":"-1ns"}`, `{"max":"1"}`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers/w1/claim", body, func(arg any) error {
+			p := arg.(sluice.ClaimParams)
+			if p.Wait.D() > validate.MaxClaimWait {
+				return sluice.Invalid("wait", "not capped: %s", p.Wait)
+			}
+			return validate.Claim(&p)
+		})
+	})
+}
+
+func FuzzDecodeComplete(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f, `{"results":[]}`,
+		`{"results":[{"task_id":1,"attempt":1,"output":{"ok":true}},{"task_id":2,"attempt":3,"error":"boom","no_retry":true,"retry_after":"5s"}]}`,
+		`{"results":[{"task_id":"1","attempt":1}]}`, `{"results":[{"task_id":1,"attempt":1,"retry_after":5}]}`,
+		`{"results":[null]}`, `{"results":[{"task_id":1,"attempt":1,"Output":1}]}`, `{"results":{}}`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers/w1/complete", body, func(arg any) error {
+			p := arg.(sluice.CompleteParams)
+			return validate.Complete(&p)
+		})
+	})
+}
+
+func FuzzDecodeHeartbeat(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f, `{"free_slots":3,"held":[1,2]}`, `{"free_slots":-1}`, `{"held":[0]}`, `{"held":[1,"2"]}`,
+		`{"held":[9223372036854775808]}`, `{"held":null}`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers/w1/heartbeat", body, func(arg any) error {
+			p := arg.(sluice.HeartbeatParams)
+			return validate.Heartbeat(&p)
+		})
+	})
+}
+
+func FuzzDecodeRegister(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f, `{"name":"host-1","kinds":["email","resize"],"slots":100}`, `{"kinds":["a"],"slots":0}`,
+		`{"kinds":[],"slots":1}`, `{"kinds":"a","slots":1}`, `{"kinds":["a b"],"slots":1}`, "{\"name\":\"\\u0007\",\"kinds\":[\"a\"],\"slots\":1}")
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers", body, func(arg any) error {
+			p := arg.(sluice.RegisterWorkerParams)
+			return validate.Register(&p)
+		})
+	})
+}
+
+func FuzzDecodeRelease(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f, `{"task_ids":[1,2]}`, `{"task_ids":[]}`, `{"task_ids":[-1]}`, `{"task_ids":"1"}`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers/w1/release", body, func(arg any) error {
+			p := arg.(sluice.ReleaseParams)
+			return validate.Release(&p)
+		})
+	})
+}
+
+func FuzzListTasksQuery(f *testing.F) {
+	for _, s := range []string{
+		"", "state=failed", "state=failed&queue=email&kind=send.email&limit=10&after=abc", "limit=0", "limit=1001",
+		"limit=-1", "limit=1e3", "limit=%31", "state=done", "state=%zz", "a;b", "state=failed&state=queued",
+		"queue=a%20b", "after=%00", "=", "&&&", "limit=99999999999999999999",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, query string) {
+		fb := &fakeBackend{}
+		h := httpapi.New(fb, httpapi.Options{})
+		r := httptest.NewRequest(http.MethodGet, "/v1/tasks", nil)
+		r.URL.RawQuery = query
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		checkFuzzAnswer(t, w, fb, func(arg any) error {
+			fl := arg.(sluice.TaskFilter)
+			return validate.TaskFilter(&fl)
+		})
+	})
+}

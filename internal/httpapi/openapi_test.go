@@ -1,0 +1,150 @@
+package httpapi_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/httpapi"
+)
+
+type openAPIDoc struct {
+	OpenAPI  string                                 `yaml:"openapi"`
+	Security []map[string][]string                  `yaml:"security"`
+	Paths    map[string]map[string]yaml.Node        `yaml:"paths"`
+	Comps    struct{ Schemas map[string]schemaDoc } `yaml:"components"`
+}
+
+type schemaDoc struct {
+	Properties map[string]yaml.Node `yaml:"properties"`
+	Required   []string             `yaml:"required"`
+}
+
+type operationDoc struct {
+	Security  *[]map[string][]string `yaml:"security"`
+	Responses map[string]yaml.Node   `yaml:"responses"`
+}
+
+func loadOpenAPI(t *testing.T) openAPIDoc {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "openapi.yaml"))
+	require.NoError(t, err)
+	var doc openAPIDoc
+	require.NoError(t, yaml.Unmarshal(b, &doc))
+	require.True(t, strings.HasPrefix(doc.OpenAPI, "3."), "openapi version %q", doc.OpenAPI)
+	return doc
+}
+
+var httpMethods = []string{"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+
+// TestOpenAPIMatchesRoutes keeps openapi.yaml and the route table in sync
+// (S-I1): the same (method, path) pairs, and the security each documents
+// matches the route's scope.
+func TestOpenAPIMatchesRoutes(t *testing.T) {
+	t.Parallel()
+	doc := loadOpenAPI(t)
+
+	var documented []string
+	for path, item := range doc.Paths {
+		for key, node := range item {
+			if !slices.Contains(httpMethods, key) {
+				continue // parameters, summary, …
+			}
+			method := strings.ToUpper(key)
+			documented = append(documented, method+" "+path)
+
+			var op operationDoc
+			require.NoError(t, node.Decode(&op), "%s %s", method, path)
+			require.NotEmpty(t, op.Responses, "%s %s documents no responses", method, path)
+			security := doc.Security
+			if op.Security != nil {
+				security = *op.Security
+			}
+			var schemes []string
+			for _, req := range security {
+				for name := range req {
+					schemes = append(schemes, name)
+				}
+			}
+			sort.Strings(schemes)
+			for _, rt := range httpapi.Routes {
+				if rt.Method != method || rt.Path != path {
+					continue
+				}
+				switch rt.Scope {
+				case httpapi.ScopePublic:
+					require.Empty(t, schemes, "%s %s is public: document `security: []`", method, path)
+				case httpapi.ScopeWorker:
+					require.Equal(t, []string{"adminToken", "workerToken"}, schemes, "%s %s takes either token", method, path)
+				case httpapi.ScopeAdmin:
+					require.Equal(t, []string{"adminToken"}, schemes, "%s %s takes the admin token only", method, path)
+				}
+			}
+		}
+	}
+	var served []string
+	for _, rt := range httpapi.Routes {
+		served = append(served, rt.Method+" "+rt.Path)
+	}
+	sort.Strings(documented)
+	sort.Strings(served)
+	require.Equal(t, served, documented, "openapi.yaml paths must equal httpapi.Routes")
+}
+
+// TestOpenAPISchemasMatchTypes: each documented schema has exactly the JSON
+// fields of its Go type, so a renamed or added field fails here.
+func TestOpenAPISchemasMatchTypes(t *testing.T) {
+	t.Parallel()
+	doc := loadOpenAPI(t)
+	types := map[string]any{
+		"TriggerParams":        sluice.TriggerParams{},
+		"Task":                 sluice.Task{},
+		"Attempt":              sluice.Attempt{},
+		"TaskPage":             sluice.TaskPage{},
+		"QueueParams":          sluice.QueueParams{},
+		"Queue":                sluice.Queue{},
+		"WorkerInfo":           sluice.WorkerInfo{},
+		"RegisterWorkerParams": sluice.RegisterWorkerParams{},
+		"WorkerRegistration":   sluice.WorkerRegistration{},
+		"ClaimParams":          sluice.ClaimParams{},
+		"ClaimedTask":          sluice.ClaimedTask{},
+		"ClaimResult":          sluice.ClaimResult{},
+		"TaskResult":           sluice.TaskResult{},
+		"CompleteParams":       sluice.CompleteParams{},
+		"ResultAck":            sluice.ResultAck{},
+		"CompleteResult":       sluice.CompleteResult{},
+		"HeartbeatParams":      sluice.HeartbeatParams{},
+		"HeartbeatResult":      sluice.HeartbeatResult{},
+		"ReleaseParams":        sluice.ReleaseParams{},
+		"Error":                sluice.Error{},
+	}
+	for name, v := range types {
+		s, ok := doc.Comps.Schemas[name]
+		require.True(t, ok, "openapi.yaml has no schema %s", name)
+		var want, got []string
+		rt := reflect.TypeOf(v)
+		for i := 0; i < rt.NumField(); i++ {
+			tag, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+			if tag != "-" && rt.Field(i).IsExported() {
+				want = append(want, tag)
+			}
+		}
+		for p := range s.Properties {
+			got = append(got, p)
+		}
+		sort.Strings(want)
+		sort.Strings(got)
+		require.Equal(t, want, got, "schema %s properties vs json tags of %s", name, rt)
+		for _, r := range s.Required {
+			require.Contains(t, want, r, "schema %s requires unknown property %s", name, r)
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// errorBody is the error envelope: {"error": {"code", "message", "field"}}.
+type errorBody struct {
+	Error *sluice.Error `json:"error"`
+}
+
+// writeJSON answers status with v as JSON. It encodes into a buffer first so
+// that an encoding failure can still become a 500.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+	return nil
+}
+
+func writeError(w http.ResponseWriter, status int, e *sluice.Error) {
+	// An *sluice.Error always encodes.
+	_ = writeJSON(w, status, errorBody{Error: e})
+}
+
+// statusOf maps an API error code to its HTTP status; ok is false for an
+// unknown code.
+func statusOf(code string) (status int, ok bool) {
+	switch code {
+	case sluice.CodeBadRequest:
+		return http.StatusBadRequest, true
+	case sluice.CodeUnauthorized:
+		return http.StatusUnauthorized, true
+	case sluice.CodeForbidden:
+		return http.StatusForbidden, true
+	case sluice.CodeNotFound:
+		return http.StatusNotFound, true
+	case sluice.CodeConflict:
+		return http.StatusConflict, true
+	case sluice.CodeAdmission:
+		return http.StatusTooManyRequests, true
+	case sluice.CodeNotReady:
+		return http.StatusServiceUnavailable, true
+	}
+	return 0, false
+}
+
+// retryAfterSeconds renders d as a Retry-After value: whole seconds, rounded
+// up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	s := math.Ceil(d.Seconds())
+	if s < 1 || math.IsNaN(s) {
+		s = 1
+	}
+	if s > 86400 {
+		s = 86400
+	}
+	return strconv.Itoa(int(s))
+}
+
+// writeErr maps err to a status and the error envelope. Errors that are not
+// *sluice.Error or *sluice.AdmissionError are logged and answered with a
+// bare 500 "internal" so that internals (SQL, paths) never leak.
+func (a *api) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var tooLarge *errBodyTooLarge
+	if errors.As(err, &tooLarge) {
+		writeError(w, http.StatusRequestEntityTooLarge, &sluice.Error{Code: sluice.CodeBadRequest, Message: tooLarge.Error()})
+		return
+	}
+	if ae, ok := sluice.IsAdmission(err); ok {
+		w.Header().Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+		writeError(w, http.StatusTooManyRequests, &sluice.Error{Code: sluice.CodeAdmission, Message: ae.Error()})
+		return
+	}
+	var se *sluice.Error
+	if errors.As(err, &se) {
+		if status, ok := statusOf(se.Code); ok {
+			if status == http.StatusTooManyRequests {
+				w.Header().Set("Retry-After", "1")
+			}
+			writeError(w, status, se)
+			return
+		}
+	}
+	ctx := r.Context()
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		// The client went away (e.g. during a long-poll claim): nobody
+		// reads the answer, and it is not a server fault worth an error log.
+		a.log.DebugContext(ctx, "request cancelled", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusServiceUnavailable, &sluice.Error{Code: sluice.CodeNotReady, Message: "request cancelled"})
+		return
+	}
+	a.log.LogAttrs(ctx, slog.LevelError, "http request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+	writeError(w, http.StatusInternalServerError, &sluice.Error{Code: sluice.CodeInternal, Message: "internal error; the server log has details"})
+}
