@@ -140,7 +140,7 @@ func (s *Store) Claim(ctx context.Context, now time.Time, workerID string, limit
 		var maxRank int64
 		for start := 0; start < len(cands); start += claimChunk {
 			chunk := cands[start:min(start+claimChunk, len(cands))]
-			args := []any{workerID, us(now), us(now)}
+			args := []any{workerID, us(now), us(now) + store.TimeoutGrace.Microseconds()}
 			for _, c := range chunk {
 				args = append(args, c.id)
 				maxRank = max(maxRank, c.rank)

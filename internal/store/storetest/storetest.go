@@ -660,7 +660,7 @@ func testTimeout(t *testing.T, ns NewStore) {
 	n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	h.tick(2 * time.Second)
+	h.tick(3 * time.Second) // past the timeout and the store's grace
 	n, _, err = h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
