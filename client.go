@@ -1,0 +1,435 @@
+package sluice
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Client talks to a sluice server over its HTTP API (/v1). It implements
+// Backend, so a Worker can run against it. A Client is safe for concurrent
+// use; create one per server and reuse it.
+type Client struct {
+	base  string // scheme://host[/prefix], no trailing slash
+	token string
+	hc    *http.Client
+}
+
+var _ Backend = (*Client)(nil)
+
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithToken sends token as a bearer token on every request. The default is
+// no Authorization header (a server in dev mode).
+func WithToken(token string) ClientOption {
+	return func(c *Client) { c.token = token }
+}
+
+// WithHTTPClient replaces the default HTTP client (keep-alive transport with
+// 64 idle connections per host and no overall timeout; each request has its
+// own deadline). A client with a Timeout shorter than the claim long-poll
+// (up to 60s) breaks idle workers.
+func WithHTTPClient(hc *http.Client) ClientOption {
+	return func(c *Client) { c.hc = hc }
+}
+
+// Request deadlines applied when the caller's context has none sooner.
+const (
+	requestTimeout = 60 * time.Second
+	// claimSlack is added to a claim's long-poll wait.
+	claimSlack = 15 * time.Second
+)
+
+// NewClient returns a client for the server at baseURL, e.g.
+// "http://localhost:8080". A trailing slash is ignored.
+func NewClient(baseURL string, opts ...ClientOption) *Client {
+	c := &Client{base: strings.TrimRight(baseURL, "/")}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.hc == nil {
+		c.hc = &http.Client{Transport: newTransport()}
+	}
+	return c
+}
+
+// newTransport is tuned for a worker that claims, completes and heartbeats
+// concurrently on a few connections.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   10 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+	}
+}
+
+// Trigger creates a task (POST /v1/tasks). created is false when the
+// idempotency key matched an existing task.
+func (c *Client) Trigger(ctx context.Context, p TriggerParams) (*Task, bool, error) {
+	var t Task
+	status, err := c.do(ctx, http.MethodPost, "/v1/tasks", nil, p, &t, 0)
+	if err != nil {
+		return nil, false, err
+	}
+	return &t, status == http.StatusCreated, nil
+}
+
+// GetTask returns a task with its attempts (GET /v1/tasks/{id}).
+func (c *Client) GetTask(ctx context.Context, id int64) (*Task, error) {
+	var t Task
+	if _, err := c.do(ctx, http.MethodGet, "/v1/tasks/"+strconv.FormatInt(id, 10), nil, nil, &t, 0); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// ListTasks returns one page of tasks, newest first (GET /v1/tasks).
+func (c *Client) ListTasks(ctx context.Context, f TaskFilter) (*TaskPage, error) {
+	q := url.Values{}
+	if f.State != "" {
+		q.Set("state", string(f.State))
+	}
+	if f.Queue != "" {
+		q.Set("queue", f.Queue)
+	}
+	if f.Kind != "" {
+		q.Set("kind", f.Kind)
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	if f.After != "" {
+		q.Set("after", f.After)
+	}
+	var page TaskPage
+	if _, err := c.do(ctx, http.MethodGet, "/v1/tasks", q, nil, &page, 0); err != nil {
+		return nil, err
+	}
+	return &page, nil
+}
+
+// CancelTask requests cancellation of a task (POST /v1/tasks/{id}/cancel).
+func (c *Client) CancelTask(ctx context.Context, id int64) (*Task, error) {
+	var t Task
+	if _, err := c.do(ctx, http.MethodPost, "/v1/tasks/"+strconv.FormatInt(id, 10)+"/cancel", nil, nil, &t, 0); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// PutQueue creates or updates a queue (PUT /v1/queues/{name}).
+func (c *Client) PutQueue(ctx context.Context, name string, p QueueParams) (*Queue, error) {
+	return c.queueCall(ctx, http.MethodPut, name, "", p)
+}
+
+// GetQueue returns a queue with its counts per state (GET /v1/queues/{name}).
+func (c *Client) GetQueue(ctx context.Context, name string) (*Queue, error) {
+	return c.queueCall(ctx, http.MethodGet, name, "", nil)
+}
+
+// PauseQueue stops claims from a queue (POST /v1/queues/{name}/pause).
+func (c *Client) PauseQueue(ctx context.Context, name string) (*Queue, error) {
+	return c.queueCall(ctx, http.MethodPost, name, "/pause", nil)
+}
+
+// ResumeQueue undoes PauseQueue (POST /v1/queues/{name}/resume).
+func (c *Client) ResumeQueue(ctx context.Context, name string) (*Queue, error) {
+	return c.queueCall(ctx, http.MethodPost, name, "/resume", nil)
+}
+
+func (c *Client) queueCall(ctx context.Context, method, name, suffix string, body any) (*Queue, error) {
+	if name == "" {
+		return nil, Invalid("name", "required")
+	}
+	var q Queue
+	if _, err := c.do(ctx, method, "/v1/queues/"+url.PathEscape(name)+suffix, nil, body, &q, 0); err != nil {
+		return nil, err
+	}
+	return &q, nil
+}
+
+// ListQueues returns every queue (GET /v1/queues).
+func (c *Client) ListQueues(ctx context.Context) ([]Queue, error) {
+	var out struct {
+		Queues []Queue `json:"queues"`
+	}
+	if _, err := c.do(ctx, http.MethodGet, "/v1/queues", nil, nil, &out, 0); err != nil {
+		return nil, err
+	}
+	return out.Queues, nil
+}
+
+// ListWorkers returns the registered workers (GET /v1/workers).
+func (c *Client) ListWorkers(ctx context.Context) ([]WorkerInfo, error) {
+	var out struct {
+		Workers []WorkerInfo `json:"workers"`
+	}
+	if _, err := c.do(ctx, http.MethodGet, "/v1/workers", nil, nil, &out, 0); err != nil {
+		return nil, err
+	}
+	return out.Workers, nil
+}
+
+// RegisterWorker registers a worker (POST /v1/workers).
+func (c *Client) RegisterWorker(ctx context.Context, p RegisterWorkerParams) (*WorkerRegistration, error) {
+	var r WorkerRegistration
+	if _, err := c.do(ctx, http.MethodPost, "/v1/workers", nil, p, &r, 0); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Claim claims up to p.Max tasks, long-polling up to p.Wait when none is
+// claimable (POST /v1/workers/{id}/claim).
+func (c *Client) Claim(ctx context.Context, workerID string, p ClaimParams) (*ClaimResult, error) {
+	var r ClaimResult
+	if _, err := c.do(ctx, http.MethodPost, workerPath(workerID, "/claim"), nil, p, &r, p.Wait.D()+claimSlack); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Complete reports finished attempts (POST /v1/workers/{id}/complete).
+func (c *Client) Complete(ctx context.Context, workerID string, p CompleteParams) (*CompleteResult, error) {
+	var r CompleteResult
+	if _, err := c.do(ctx, http.MethodPost, workerPath(workerID, "/complete"), nil, p, &r, 0); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Heartbeat extends the leases of held tasks and reports capacity
+// (POST /v1/workers/{id}/heartbeat).
+func (c *Client) Heartbeat(ctx context.Context, workerID string, p HeartbeatParams) (*HeartbeatResult, error) {
+	var r HeartbeatResult
+	if _, err := c.do(ctx, http.MethodPost, workerPath(workerID, "/heartbeat"), nil, p, &r, 0); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Release hands claimed tasks back unstarted; they are not counted as
+// attempts (POST /v1/workers/{id}/release).
+func (c *Client) Release(ctx context.Context, workerID string, p ReleaseParams) error {
+	_, err := c.do(ctx, http.MethodPost, workerPath(workerID, "/release"), nil, p, nil, 0)
+	return err
+}
+
+// DeregisterWorker removes a worker (DELETE /v1/workers/{id}).
+func (c *Client) DeregisterWorker(ctx context.Context, workerID string) error {
+	_, err := c.do(ctx, http.MethodDelete, workerPath(workerID, ""), nil, nil, nil, 0)
+	return err
+}
+
+// Wait polls the task until it is terminal and returns it. See the package
+// function Wait.
+func (c *Client) Wait(ctx context.Context, id int64) (*Task, error) {
+	return Wait(ctx, c, id)
+}
+
+func workerPath(id, suffix string) string {
+	return "/v1/workers/" + url.PathEscape(id) + suffix
+}
+
+// Wait polls b until task id is terminal (succeeded, failed or cancelled)
+// and returns it. Polls start 10ms apart and back off to 500ms. Errors that
+// retrying cannot fix (not found, bad request, auth) return at once; others
+// (network, server not ready) are retried until ctx is done.
+func Wait(ctx context.Context, b Backend, id int64) (*Task, error) {
+	const (
+		first = 10 * time.Millisecond
+		most  = 500 * time.Millisecond
+	)
+	delay := first
+	var timer *time.Timer
+	var lastErr error
+	for {
+		t, err := b.GetTask(ctx, id)
+		switch {
+		case err == nil:
+			if t.State.Terminal() {
+				return t, nil
+			}
+			lastErr = nil
+		case ctx.Err() != nil:
+			// Reported below with the context's error.
+		case permanent(err):
+			return nil, fmt.Errorf("waiting for task %d: %w", id, err)
+		default:
+			lastErr = err
+		}
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return nil, fmt.Errorf("waiting for task %d: %w (last error: %v)", id, context.Cause(ctx), lastErr)
+			}
+			return nil, fmt.Errorf("waiting for task %d: %w", id, context.Cause(ctx))
+		case <-timer.C:
+		}
+		delay = min(delay*2, most)
+	}
+}
+
+// permanent reports whether repeating the call cannot succeed.
+func permanent(err error) bool {
+	var e *Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code {
+	case CodeNotReady, CodeInternal:
+		return false
+	}
+	return true
+}
+
+// do sends one request. query may be nil; body, when not nil, is sent as
+// JSON; out, when not nil, receives the JSON answer of a 2xx response.
+// timeout, when positive, replaces requestTimeout.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body, out any, timeout time.Duration) (int, error) {
+	if timeout <= 0 {
+		timeout = requestTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	u := c.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, fmt.Errorf("sluice: encoding %s %s: %w", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
+	}
+	defer func() {
+		// Drain a little so the connection can be reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+		resp.Body.Close()
+	}()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return resp.StatusCode, decodeError(resp)
+	}
+	if out != nil && resp.StatusCode != http.StatusNoContent {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return resp.StatusCode, fmt.Errorf("sluice: decoding answer to %s %s: %w", method, path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// decodeError turns a non-2xx response into *Error, or *AdmissionError for
+// 429.
+func decodeError(resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var env struct {
+		Error *Error `json:"error"`
+	}
+	e := &Error{}
+	if json.Unmarshal(raw, &env) == nil && env.Error != nil {
+		e = env.Error
+	}
+	if e.Code == "" {
+		e.Code = codeForStatus(resp.StatusCode)
+	}
+	if e.Message == "" {
+		e.Message = resp.Status
+		if s := strings.TrimSpace(string(raw)); s != "" {
+			e.Message += ": " + truncate(s, 200)
+		}
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		return &AdmissionError{Ceiling: e.Message, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	}
+	return e
+}
+
+func codeForStatus(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		return CodeBadRequest
+	case http.StatusUnauthorized:
+		return CodeUnauthorized
+	case http.StatusForbidden:
+		return CodeForbidden
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return CodeNotFound
+	case http.StatusConflict:
+		return CodeConflict
+	case http.StatusTooManyRequests:
+		return CodeAdmission
+	case http.StatusServiceUnavailable:
+		return CodeNotReady
+	}
+	return CodeInternal
+}
+
+// parseRetryAfter reads a Retry-After header: delay seconds or an HTTP date.
+// It returns 0 when the header is absent or unreadable.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 {
+			return 0
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

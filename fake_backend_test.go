@@ -1,0 +1,283 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+)
+
+// fakeBackend is an in-memory Backend for worker tests: a FIFO of ready
+// tasks, leases per task, and a record of every call. It is safe for
+// concurrent use.
+type fakeBackend struct {
+	lease    time.Duration
+	interval time.Duration
+
+	mu      sync.Mutex
+	nextID  int64
+	ready   []ClaimedTask
+	wake    chan struct{} // closed when ready or pendingClaimCancel grows
+	leased  map[int64]int // task id → leased attempt
+	claimed int64         // tasks handed out, ever
+
+	// Records.
+	registered   []RegisterWorkerParams
+	claims       []ClaimParams
+	claimSizes   []int
+	results      map[int64][]TaskResult // accepted results
+	reported     map[int64]int          // every reported result, stale too
+	completeSize []int
+	released     []int64
+	heartbeats   []HeartbeatParams
+	deregistered bool
+
+	// Behaviour.
+	claimErrs          int   // fail this many claims
+	completeErrs       int   // fail this many completes
+	heartbeatErr       error // fail every heartbeat
+	completeDelay      time.Duration
+	pendingClaimCancel []int64
+	pendingHBCancel    []int64
+	pendingLost        []int64
+	// checkClaim, when set, runs under the lock at each claim.
+	checkClaim func(p ClaimParams, claimedSoFar int64)
+	// claimHook, when set, replaces Claim.
+	claimHook func(ctx context.Context, p ClaimParams) (*ClaimResult, error)
+}
+
+var _ Backend = (*fakeBackend)(nil)
+
+func newFakeBackend() *fakeBackend {
+	return &fakeBackend{
+		lease:    30 * time.Second,
+		interval: 10 * time.Millisecond,
+		wake:     make(chan struct{}),
+		leased:   make(map[int64]int),
+		results:  make(map[int64][]TaskResult),
+		reported: make(map[int64]int),
+	}
+}
+
+// add queues n ready tasks like t and returns their ids.
+func (f *fakeBackend) add(n int, t ClaimedTask) []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t.Kind == "" {
+		t.Kind = "test"
+	}
+	if t.Attempt == 0 {
+		t.Attempt = 1
+	}
+	if t.MaxAttempts == 0 {
+		t.MaxAttempts = 3
+	}
+	if t.Input == nil {
+		t.Input = []byte("null")
+	}
+	ids := make([]int64, n)
+	for i := range n {
+		f.nextID++
+		t.ID = f.nextID
+		ids[i] = t.ID
+		f.ready = append(f.ready, t)
+	}
+	f.wakeLocked()
+	return ids
+}
+
+func (f *fakeBackend) wakeLocked() {
+	close(f.wake)
+	f.wake = make(chan struct{})
+}
+
+func (f *fakeBackend) cancelViaClaim(id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pendingClaimCancel = append(f.pendingClaimCancel, id)
+	f.wakeLocked()
+}
+
+func (f *fakeBackend) cancelViaHeartbeat(id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pendingHBCancel = append(f.pendingHBCancel, id)
+}
+
+// loseViaHeartbeat expires the lease of id: the next heartbeat says so.
+func (f *fakeBackend) loseViaHeartbeat(id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.leased, id)
+	f.pendingLost = append(f.pendingLost, id)
+}
+
+func (f *fakeBackend) locked(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn()
+}
+
+func (f *fakeBackend) resultCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.results)
+}
+
+func (f *fakeBackend) result(id int64) (TaskResult, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rs := f.results[id]
+	if len(rs) == 0 {
+		return TaskResult{}, false
+	}
+	return rs[0], true
+}
+
+func (f *fakeBackend) RegisterWorker(_ context.Context, p RegisterWorkerParams) (*WorkerRegistration, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.registered = append(f.registered, p)
+	return &WorkerRegistration{ID: "w1", Lease: Duration(f.lease), HeartbeatInterval: Duration(f.interval)}, nil
+}
+
+func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams) (*ClaimResult, error) {
+	if f.claimHook != nil {
+		return f.claimHook(ctx, p)
+	}
+	if workerID != "w1" {
+		return nil, NotFound("worker %q", workerID)
+	}
+	var timer <-chan time.Time
+	if p.Wait > 0 {
+		t := time.NewTimer(p.Wait.D())
+		defer t.Stop()
+		timer = t.C
+	}
+	for {
+		f.mu.Lock()
+		if f.claimErrs > 0 {
+			f.claimErrs--
+			f.mu.Unlock()
+			return nil, errors.New("fake: claim failed")
+		}
+		if len(f.ready) > 0 || len(f.pendingClaimCancel) > 0 || timer == nil {
+			f.claims = append(f.claims, p)
+			if f.checkClaim != nil {
+				f.checkClaim(p, f.claimed)
+			}
+			n := min(p.Max, len(f.ready))
+			res := &ClaimResult{Tasks: slices.Clone(f.ready[:n]), Cancel: f.pendingClaimCancel}
+			f.ready = f.ready[n:]
+			f.pendingClaimCancel = nil
+			now := time.Now()
+			for i := range res.Tasks {
+				t := &res.Tasks[i]
+				t.StartedAt, t.LeaseExpiresAt = now, now.Add(f.lease)
+				f.leased[t.ID] = t.Attempt
+			}
+			f.claimed += int64(n)
+			f.claimSizes = append(f.claimSizes, n)
+			f.mu.Unlock()
+			return res, nil
+		}
+		wake := f.wake
+		f.mu.Unlock()
+		select {
+		case <-wake:
+		case <-timer:
+			return &ClaimResult{}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) (*CompleteResult, error) {
+	if f.completeDelay > 0 {
+		// Simulated network and database latency.
+		time.Sleep(f.completeDelay)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.completeErrs > 0 {
+		f.completeErrs--
+		return nil, errors.New("fake: complete failed")
+	}
+	f.completeSize = append(f.completeSize, len(p.Results))
+	res := &CompleteResult{Results: make([]ResultAck, len(p.Results))}
+	for i, r := range p.Results {
+		f.reported[r.TaskID]++
+		status := "stale"
+		if a, ok := f.leased[r.TaskID]; ok && a == r.Attempt {
+			status = "ok"
+			delete(f.leased, r.TaskID)
+			r.Output = slices.Clone(r.Output)
+			f.results[r.TaskID] = append(f.results[r.TaskID], r)
+		}
+		res.Results[i] = ResultAck{TaskID: r.TaskID, Status: status}
+	}
+	return res, nil
+}
+
+func (f *fakeBackend) Heartbeat(_ context.Context, _ string, p HeartbeatParams) (*HeartbeatResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p.Held = slices.Clone(p.Held)
+	f.heartbeats = append(f.heartbeats, p)
+	if f.heartbeatErr != nil {
+		return nil, f.heartbeatErr
+	}
+	res := &HeartbeatResult{LeaseExpiresAt: time.Now().Add(f.lease), Lost: f.pendingLost, Cancel: f.pendingHBCancel}
+	f.pendingLost, f.pendingHBCancel = nil, nil
+	return res, nil
+}
+
+func (f *fakeBackend) Release(_ context.Context, _ string, p ReleaseParams) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range p.TaskIDs {
+		delete(f.leased, id)
+		f.released = append(f.released, id)
+	}
+	return nil
+}
+
+func (f *fakeBackend) DeregisterWorker(context.Context, string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deregistered = true
+	return nil
+}
+
+var errFakeUnimplemented = errors.New("fake: not implemented")
+
+func (f *fakeBackend) Trigger(context.Context, TriggerParams) (*Task, bool, error) {
+	return nil, false, errFakeUnimplemented
+}
+func (f *fakeBackend) GetTask(context.Context, int64) (*Task, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) ListTasks(context.Context, TaskFilter) (*TaskPage, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) CancelTask(context.Context, int64) (*Task, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) PutQueue(context.Context, string, QueueParams) (*Queue, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) GetQueue(context.Context, string) (*Queue, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) ListQueues(context.Context) ([]Queue, error) { return nil, errFakeUnimplemented }
+func (f *fakeBackend) PauseQueue(context.Context, string) (*Queue, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) ResumeQueue(context.Context, string) (*Queue, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) ListWorkers(context.Context) ([]WorkerInfo, error) {
+	return nil, errFakeUnimplemented
+}

@@ -1,0 +1,49 @@
+package kinds
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+type sleepInput struct {
+	Duration *string `json:"duration"`
+}
+
+// sleepHandler waits for input.duration, or until the task is cancelled.
+// Output: {"slept": "1.5s"}.
+func sleepHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
+	var in sleepInput
+	if err := decodeInput("sleep", t.Input, &in); err != nil {
+		return nil, err
+	}
+	if in.Duration == nil {
+		return nil, badInput("sleep", "duration", "required, e.g. \"1.5s\"")
+	}
+	d, err := duration("sleep", "duration", in.Duration, 0)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("sleep: interrupted after %s of %s: %w", time.Since(start).Round(time.Millisecond), d, context.Cause(ctx))
+	}
+	return json.Marshal(struct {
+		Slept string `json:"slept"`
+	}{d.String()})
+}
+
+// echoHandler returns its input as output.
+func echoHandler(_ context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
+	if len(t.Input) == 0 {
+		return nil, nil
+	}
+	return t.Input, nil
+}

@@ -1,0 +1,717 @@
+package sluice
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// WorkerConfig configures a Worker. The zero value is usable: every field
+// has a default.
+type WorkerConfig struct {
+	// Name is shown in the API and dashboard. Defaults to hostname-pid.
+	Name string
+	// Slots is the most tasks the worker runs at once (S-W1). Defaults to
+	// 1000.
+	Slots int
+	// ClaimBatch is the most tasks asked for in one claim. Defaults to 50.
+	ClaimBatch int
+	// PollWait is how long one claim long-polls when nothing is claimable.
+	// Defaults to 30s; at most 60s.
+	PollWait time.Duration
+	// ShutdownTimeout is how long running tasks may finish after Run's
+	// context is done before they are cancelled and released. Defaults to
+	// 30s.
+	ShutdownTimeout time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of WorkerConfig.
+const (
+	DefaultWorkerSlots     = 1000
+	DefaultClaimBatch      = 50
+	DefaultPollWait        = 30 * time.Second
+	DefaultShutdownTimeout = 30 * time.Second
+	maxPollWait            = 60 * time.Second
+)
+
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c WorkerConfig) WithDefaults() WorkerConfig {
+	if c.Name == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "worker"
+		}
+		c.Name = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.Slots == 0 {
+		c.Slots = DefaultWorkerSlots
+	}
+	if c.ClaimBatch == 0 {
+		c.ClaimBatch = DefaultClaimBatch
+	}
+	if c.PollWait == 0 {
+		c.PollWait = DefaultPollWait
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c (after WithDefaults).
+func (c WorkerConfig) Validate() error {
+	switch {
+	case c.Slots < 1:
+		return Invalid("Slots", "must be at least 1, got %d", c.Slots)
+	case c.ClaimBatch < 1:
+		return Invalid("ClaimBatch", "must be at least 1, got %d", c.ClaimBatch)
+	case c.PollWait < 0 || c.PollWait > maxPollWait:
+		return Invalid("PollWait", "must be between 0 and %s, got %s", maxPollWait, c.PollWait)
+	case c.ShutdownTimeout < 0:
+		return Invalid("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	}
+	return nil
+}
+
+// Internal limits and timings.
+const (
+	maxCompleteBatch = 500
+	claimBackoffMin  = 100 * time.Millisecond
+	claimBackoffMax  = 5 * time.Second
+	// cleanupTimeout bounds releasing, flushing results and deregistering
+	// after the shutdown deadline.
+	cleanupTimeout = 10 * time.Second
+	// hardStopGrace is how long handlers get to return once their context
+	// is cancelled at the shutdown deadline, before they are abandoned.
+	hardStopGrace = time.Second
+	// Used when the server does not say.
+	defaultLease = 30 * time.Second
+)
+
+// Causes of a task context's cancellation.
+var (
+	errServerCancel = errors.New("cancelled")
+	errLeaseLost    = errors.New("lease lost")
+	errShutdown     = errors.New("worker shutting down")
+)
+
+type timeoutError struct{ d time.Duration }
+
+func (e *timeoutError) Error() string { return "timeout: attempt exceeded " + e.d.String() }
+
+// A Worker claims tasks of the kinds registered with it, runs their handlers
+// concurrently up to its slots, heartbeats and reports results in batches.
+// Create it with NewWorker, Register handlers, then call Run once.
+type Worker struct {
+	b        Backend
+	cfg      WorkerConfig
+	cfgErr   error
+	log      *slog.Logger
+	handlers map[string]HandlerFunc
+	started  atomic.Bool
+	id       atomic.Pointer[string]
+
+	// free counts free slots. Only the claim loop takes slots, so a value it
+	// reads can only grow until it takes them.
+	free      atomic.Int64
+	slotFreed chan struct{} // cap 1: "free may have grown"
+	tasks     sync.WaitGroup
+
+	mu   sync.Mutex
+	held map[int64]*taskRun // claimed and not yet acknowledged, released or lost
+
+	stopping  atomic.Bool // no new handler starts
+	results   chan *taskRun
+	flush     chan struct{} // closed: completer sends what is left and exits
+	complDone chan struct{}
+
+	baseCtx context.Context // values of Run's ctx, never cancelled
+}
+
+// Task run states. A transition is a CompareAndSwap, so exactly one party
+// decides what becomes of an attempt.
+const (
+	stClaimed  int32 = iota // claimed, handler not started
+	stRunning               // handler running
+	stDone                  // result queued for the completer
+	stReleased              // handed back to the server
+	stLost                  // lease lost: stopped, result dropped
+)
+
+// taskRun is one claimed attempt.
+type taskRun struct {
+	tc      TaskContext
+	timeout time.Duration
+	state   atomic.Int32
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	result  TaskResult
+}
+
+// NewWorker returns a worker that talks to b. Configuration errors are
+// reported by Run.
+func NewWorker(b Backend, cfg WorkerConfig) *Worker {
+	cfg = cfg.WithDefaults()
+	w := &Worker{
+		b:         b,
+		cfg:       cfg,
+		cfgErr:    cfg.Validate(),
+		log:       cfg.Logger,
+		handlers:  make(map[string]HandlerFunc),
+		slotFreed: make(chan struct{}, 1),
+		held:      make(map[int64]*taskRun),
+		flush:     make(chan struct{}),
+		complDone: make(chan struct{}),
+	}
+	// The channel absorbs results while a Complete call is in flight; a
+	// full channel makes handlers wait (backpressure).
+	w.results = make(chan *taskRun, max(2*cfg.Slots, maxCompleteBatch))
+	return w
+}
+
+// Register sets the handler of kind. It must be called before Run; it panics
+// on an empty kind, a nil handler, a kind registered twice, or a call after
+// Run started.
+func (w *Worker) Register(kind string, h HandlerFunc) {
+	switch {
+	case w.started.Load():
+		panic("sluice: Worker.Register called after Run")
+	case kind == "":
+		panic("sluice: Worker.Register with an empty kind")
+	case h == nil:
+		panic("sluice: Worker.Register with a nil handler for kind " + strconv.Quote(kind))
+	}
+	if _, dup := w.handlers[kind]; dup {
+		panic("sluice: Worker.Register called twice for kind " + strconv.Quote(kind))
+	}
+	w.handlers[kind] = h
+}
+
+// ID returns the id the server gave the worker, or "" before Run has
+// registered it.
+func (w *Worker) ID() string {
+	if p := w.id.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Run registers the worker with the kinds registered so far, then claims and
+// runs tasks until ctx is done. It then shuts down gracefully (S-W7): it
+// stops claiming, releases claimed tasks that have not started, lets running
+// tasks finish for up to ShutdownTimeout, cancels and releases the rest,
+// sends the pending results and deregisters. Run returns nil after a clean
+// shutdown, and an error when the configuration is invalid or registration
+// fails. It may be called once.
+func (w *Worker) Run(ctx context.Context) error {
+	if w.cfgErr != nil {
+		return fmt.Errorf("sluice: worker config: %w", w.cfgErr)
+	}
+	if !w.started.CompareAndSwap(false, true) {
+		return errors.New("sluice: Worker.Run called twice")
+	}
+	if len(w.handlers) == 0 {
+		return errors.New("sluice: worker has no registered kinds")
+	}
+	kinds := make([]string, 0, len(w.handlers))
+	for k := range w.handlers {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	reg, err := w.b.RegisterWorker(ctx, RegisterWorkerParams{Name: w.cfg.Name, Kinds: kinds, Slots: w.cfg.Slots})
+	if err != nil {
+		return fmt.Errorf("sluice: registering worker: %w", err)
+	}
+	id := reg.ID
+	w.id.Store(&id)
+	lease, interval := reg.Lease.D(), reg.HeartbeatInterval.D()
+	if lease <= 0 {
+		lease = defaultLease
+	}
+	if interval <= 0 {
+		interval = lease / 3
+	}
+	w.log = w.log.With("worker_id", id)
+	w.log.Info("worker registered", "name", w.cfg.Name, "kinds", kinds, "slots", w.cfg.Slots,
+		"lease", lease, "heartbeat_interval", interval)
+
+	w.free.Store(int64(w.cfg.Slots))
+	w.baseCtx = context.WithoutCancel(ctx)
+	// bgCtx outlives ctx: heartbeats and completions go on while running
+	// tasks finish. It is cancelled when cleanup gives up.
+	bgCtx, bgCancel := context.WithCancel(w.baseCtx)
+	defer bgCancel()
+	hbStop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Go(func() { w.heartbeatLoop(bgCtx, hbStop, lease, interval) })
+	bg.Go(func() { w.completeLoop(bgCtx) })
+	claimDone := make(chan struct{})
+	go func() {
+		defer close(claimDone)
+		w.claimLoop(ctx)
+	}()
+
+	<-ctx.Done()
+	<-claimDone
+	w.shutdown(bgCancel, hbStop)
+	bg.Wait()
+	return nil
+}
+
+// shutdown runs after the claim loop has stopped.
+func (w *Worker) shutdown(bgCancel context.CancelFunc, hbStop chan struct{}) {
+	start := time.Now()
+	w.stopping.Store(true)
+	cleanupCtx, cancel := context.WithTimeout(w.baseCtx, w.cfg.ShutdownTimeout+cleanupTimeout)
+	defer cancel()
+
+	// Claimed but not started: hand back at once.
+	w.release(cleanupCtx, w.collect(false))
+
+	w.log.Info("worker stopping", "running", int64(w.cfg.Slots)-w.free.Load(), "shutdown_timeout", w.cfg.ShutdownTimeout)
+	if !w.waitTasks(w.cfg.ShutdownTimeout) {
+		w.mu.Lock()
+		for _, tr := range w.held {
+			tr.cancel(errShutdown)
+		}
+		w.mu.Unlock()
+		if !w.waitTasks(hardStopGrace) {
+			w.log.Warn("handlers ignored cancellation; abandoning them", "running", int64(w.cfg.Slots)-w.free.Load())
+		}
+		ids := w.collect(true)
+		w.log.Warn("shutdown deadline passed; releasing unfinished tasks", "count", len(ids))
+		w.release(cleanupCtx, ids)
+	}
+
+	// Flush results, then stop heartbeating: leases of unsent results must
+	// not expire meanwhile.
+	close(w.flush)
+	select {
+	case <-w.complDone:
+	case <-cleanupCtx.Done():
+		w.log.Error("shutdown: could not send all results in time; the server will retry those tasks")
+	}
+	close(hbStop)
+	bgCancel()
+	if err := w.b.DeregisterWorker(cleanupCtx, w.ID()); err != nil {
+		w.log.Error("deregistering worker", "err", err)
+	}
+	w.log.Info("worker stopped", "took", time.Since(start))
+}
+
+// waitTasks waits up to d for every task goroutine to end.
+func (w *Worker) waitTasks(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		w.tasks.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		// The waiting goroutine ends when the tasks do; a handler that
+		// never returns leaks both, which is logged by the caller.
+		return false
+	}
+}
+
+// collect takes the held tasks that have not produced a result (only the
+// unstarted ones unless running is set) out of the worker's hands and
+// returns their ids for release.
+func (w *Worker) collect(running bool) []int64 {
+	var ids []int64
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, tr := range w.held {
+		if tr.state.CompareAndSwap(stClaimed, stReleased) ||
+			(running && tr.state.CompareAndSwap(stRunning, stReleased)) {
+			tr.cancel(errShutdown)
+			delete(w.held, id)
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (w *Worker) release(ctx context.Context, ids []int64) {
+	for len(ids) > 0 {
+		n := min(len(ids), maxCompleteBatch)
+		if err := w.b.Release(ctx, w.ID(), ReleaseParams{TaskIDs: ids[:n]}); err != nil {
+			// The server recovers them when their lease expires (S-W6),
+			// at the cost of an attempt.
+			w.log.Error("releasing tasks", "count", n, "err", err)
+		}
+		ids = ids[n:]
+	}
+}
+
+// claimLoop claims while ctx is live and there are free slots.
+func (w *Worker) claimLoop(ctx context.Context) {
+	backoff := claimBackoffMin
+	var timer *time.Timer
+	for ctx.Err() == nil {
+		n := min(w.free.Load(), int64(w.cfg.ClaimBatch))
+		if n == 0 {
+			select {
+			case <-w.slotFreed:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		res, err := w.b.Claim(ctx, w.ID(), ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait)})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d := backoff/2 + rand.N(backoff/2+1)
+			w.log.Error("claiming tasks", "err", err, "retry_in", d)
+			if timer == nil {
+				timer = time.NewTimer(d)
+				defer timer.Stop()
+			} else {
+				timer.Reset(d)
+			}
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+			}
+			backoff = min(backoff*2, claimBackoffMax)
+			continue
+		}
+		backoff = claimBackoffMin
+		w.cancelTasks(res.Cancel, errServerCancel)
+		if len(res.Tasks) > 0 {
+			// Tasks that arrive as Run's context ends are not started:
+			// the shutdown releases them.
+			w.start(res.Tasks, n, ctx.Err() == nil)
+		}
+	}
+}
+
+// start takes slots for claimed tasks and runs them, each in its own
+// goroutine. Unless launch is set they are only recorded, for release.
+func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
+	if int64(len(tasks)) > asked {
+		w.log.Error("server handed more tasks than claimed; releasing the surplus", "asked", asked, "got", len(tasks))
+		extra := make([]int64, 0, int64(len(tasks))-asked)
+		for _, t := range tasks[asked:] {
+			extra = append(extra, t.ID)
+		}
+		tasks = tasks[:asked]
+		ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
+		w.release(ctx, extra)
+		cancel()
+	}
+	runs := make([]taskRun, len(tasks)) // one allocation per claim
+	w.mu.Lock()
+	for i := range tasks {
+		ct := &tasks[i]
+		tr := &runs[i]
+		tr.tc = TaskContext{ID: ct.ID, Kind: ct.Kind, Queue: ct.Queue, ConcurrencyKey: ct.ConcurrencyKey,
+			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input}
+		tr.timeout = ct.Timeout.D()
+		tr.ctx, tr.cancel = context.WithCancelCause(w.baseCtx)
+		if old := w.held[ct.ID]; old != nil {
+			// The server handed the task out again: our earlier attempt
+			// lost its lease.
+			old.state.Store(stLost)
+			old.cancel(errLeaseLost)
+		}
+		w.held[ct.ID] = tr
+	}
+	w.mu.Unlock()
+	if !launch {
+		return
+	}
+	w.free.Add(-int64(len(tasks)))
+	w.tasks.Add(len(tasks))
+	for i := range runs {
+		go w.run(&runs[i])
+	}
+}
+
+// freeSlot returns a slot and wakes the claim loop.
+func (w *Worker) freeSlot() {
+	w.free.Add(1)
+	select {
+	case w.slotFreed <- struct{}{}:
+	default:
+	}
+}
+
+// run executes one attempt and queues its result.
+func (w *Worker) run(tr *taskRun) {
+	defer w.tasks.Done()
+	if w.stopping.Load() || !tr.state.CompareAndSwap(stClaimed, stRunning) {
+		// Left for the shutdown to release, or already lost.
+		w.freeSlot()
+		return
+	}
+	tr.tc.StartedAt = time.Now()
+	ctx := tr.ctx
+	if tr.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, tr.timeout, &timeoutError{tr.timeout})
+		defer cancel()
+	}
+	out, err := w.call(ctx, tr)
+	w.freeSlot()
+
+	r := &tr.result
+	r.TaskID, r.Attempt = tr.tc.ID, tr.tc.Attempt
+	if ctx.Err() != nil {
+		switch cause := context.Cause(ctx); {
+		case cause == errShutdown, cause == errLeaseLost:
+			// Released or dropped by whoever cancelled it.
+			return
+		case cause == errServerCancel:
+			r.Error, r.NoRetry = "cancelled", true
+			out, err = nil, nil
+		default:
+			var te *timeoutError
+			if errors.As(cause, &te) {
+				r.Error = te.Error()
+				out, err = nil, nil
+			}
+		}
+	}
+	if err != nil {
+		failResult(r, err)
+	} else if r.Error == "" && len(out) > 0 {
+		if json.Valid(out) {
+			r.Output = out
+		} else {
+			r.Error, r.NoRetry = "handler returned invalid JSON output", true
+		}
+	}
+	if !tr.state.CompareAndSwap(stRunning, stDone) {
+		return // lost or released meanwhile
+	}
+	select {
+	case w.results <- tr:
+	case <-w.complDone:
+		// Only when a handler outlived the shutdown deadline.
+	}
+}
+
+// call runs the handler, turning a panic into an error.
+func (w *Worker) call(ctx context.Context, tr *taskRun) (out json.RawMessage, err error) {
+	h := w.handlers[tr.tc.Kind]
+	if h == nil {
+		return nil, NoRetry(fmt.Errorf("no handler for kind %q on this worker", tr.tc.Kind))
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			w.log.Error("handler panicked", "task_id", tr.tc.ID, "kind", tr.tc.Kind, "panic", p, "stack", string(debug.Stack()))
+			out, err = nil, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return h(ctx, &tr.tc)
+}
+
+// cancelTasks cancels the contexts of held tasks.
+func (w *Worker) cancelTasks(ids []int64, cause error) {
+	if len(ids) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		if tr := w.held[id]; tr != nil {
+			tr.cancel(cause)
+		}
+	}
+}
+
+// loseTasks stops held tasks whose lease is gone and forgets them: their
+// results are dropped. With ids nil, it loses every held task that has not
+// produced a result yet; results already produced are still sent, for the
+// server to accept or call stale.
+func (w *Worker) loseTasks(ids []int64) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lose := func(id int64, tr *taskRun) {
+		tr.state.Store(stLost)
+		tr.cancel(errLeaseLost)
+		delete(w.held, id)
+	}
+	n := 0
+	if ids == nil {
+		for id, tr := range w.held {
+			if tr.state.CompareAndSwap(stClaimed, stLost) || tr.state.CompareAndSwap(stRunning, stLost) {
+				lose(id, tr)
+				n++
+			}
+		}
+		return n
+	}
+	for _, id := range ids {
+		if tr := w.held[id]; tr != nil {
+			lose(id, tr)
+			n++
+		}
+	}
+	return n
+}
+
+// heartbeatLoop extends leases every interval until stop is closed (S-W4).
+// When heartbeats have failed for longer than lease minus one interval, the
+// leases are presumed lost and every held task is stopped (S-W5).
+func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, lease, interval time.Duration) {
+	threshold := lease - interval
+	if threshold <= interval {
+		threshold = (lease + interval) / 2
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	lastOK := time.Now()
+	var heldIDs []int64
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		heldIDs = heldIDs[:0]
+		w.mu.Lock()
+		for id := range w.held {
+			heldIDs = append(heldIDs, id)
+		}
+		w.mu.Unlock()
+		// A late heartbeat still helps while leases last; a call cut short
+		// by a tight timeout costs the connection.
+		hctx, cancel := context.WithTimeout(ctx, max(threshold, interval))
+		res, err := w.b.Heartbeat(hctx, w.ID(), HeartbeatParams{FreeSlots: int(w.free.Load()), Held: heldIDs})
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failing := time.Since(lastOK)
+			w.log.Error("heartbeat failed", "err", err, "failing_for", failing)
+			if failing > threshold {
+				if n := w.loseTasks(nil); n > 0 {
+					w.log.Error("heartbeats failed past the lease-loss threshold; stopped all tasks and dropped their results",
+						"tasks", n, "threshold", threshold)
+				}
+			}
+			continue
+		}
+		lastOK = time.Now()
+		if len(res.Lost) > 0 {
+			n := w.loseTasks(res.Lost)
+			w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
+		}
+		w.cancelTasks(res.Cancel, errServerCancel)
+	}
+}
+
+// completeLoop sends results: at once when idle, and while a call is in
+// flight the next batch gathers in the channel. On flush it sends what is
+// left and exits.
+func (w *Worker) completeLoop(ctx context.Context) {
+	defer close(w.complDone)
+	batch := make([]*taskRun, 0, maxCompleteBatch)
+	params := make([]TaskResult, 0, maxCompleteBatch)
+	flushing := false
+	for {
+		if len(batch) == 0 && !flushing {
+			select {
+			case tr := <-w.results:
+				batch = append(batch, tr)
+			case <-w.flush:
+				flushing = true
+			}
+		}
+		batch = w.topUp(batch)
+		if len(batch) == 0 {
+			return // flushing and nothing left
+		}
+		params = params[:0]
+		for _, tr := range batch {
+			if tr.state.Load() == stDone {
+				params = append(params, tr.result)
+			}
+		}
+		if len(params) > 0 && !w.send(ctx, params) {
+			return
+		}
+		w.forget(batch)
+		clear(batch)
+		batch = batch[:0]
+	}
+}
+
+// topUp adds the results already waiting, up to the batch limit.
+func (w *Worker) topUp(batch []*taskRun) []*taskRun {
+	for len(batch) < maxCompleteBatch {
+		select {
+		case tr := <-w.results:
+			batch = append(batch, tr)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// send calls Complete until it succeeds, backing off between tries. It
+// gives up only when ctx ends (the shutdown's cleanup deadline).
+func (w *Worker) send(ctx context.Context, params []TaskResult) bool {
+	backoff := claimBackoffMin
+	for {
+		res, err := w.b.Complete(ctx, w.ID(), CompleteParams{Results: params})
+		if err == nil {
+			for _, a := range res.Results {
+				if a.Status != "ok" {
+					w.log.Debug("result dropped by server", "task_id", a.TaskID, "status", a.Status)
+				}
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			w.log.Error("dropping unsent results at shutdown", "count", len(params), "err", err)
+			return false
+		}
+		d := backoff/2 + rand.N(backoff/2+1)
+		w.log.Error("sending results", "count", len(params), "err", err, "retry_in", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		backoff = min(backoff*2, claimBackoffMax)
+	}
+}
+
+// forget drops acknowledged tasks from the held set.
+func (w *Worker) forget(batch []*taskRun) {
+	w.mu.Lock()
+	for _, tr := range batch {
+		if w.held[tr.tc.ID] == tr {
+			delete(w.held, tr.tc.ID)
+		}
+	}
+	w.mu.Unlock()
+}

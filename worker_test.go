@@ -1,0 +1,595 @@
+package sluice
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	waitFor = 10 * time.Second
+	tick    = time.Millisecond
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// runWorker runs w until the returned stop is called (or the test ends)
+// and returns what Run returned.
+func runWorker(t testing.TB, w *Worker) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func newTestWorker(f *fakeBackend, cfg WorkerConfig) *Worker {
+	cfg.Logger = quiet
+	return NewWorker(f, cfg)
+}
+
+func waitResults(t *testing.T, f *fakeBackend, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return f.resultCount() >= n }, waitFor, tick)
+}
+func TestWorkerConfigValidate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg   WorkerConfig
+		field string
+	}{
+		{WorkerConfig{Slots: -1}, "Slots"},
+		{WorkerConfig{ClaimBatch: -1}, "ClaimBatch"},
+		{WorkerConfig{PollWait: -time.Second}, "PollWait"},
+		{WorkerConfig{PollWait: 61 * time.Second}, "PollWait"},
+		{WorkerConfig{ShutdownTimeout: -time.Second}, "ShutdownTimeout"},
+		{WorkerConfig{}, ""},
+	} {
+		err := tc.cfg.WithDefaults().Validate()
+		if tc.field == "" {
+			require.NoError(t, err)
+			continue
+		}
+		var e *Error
+		require.ErrorAs(t, err, &e)
+		require.Equal(t, tc.field, e.Field)
+	}
+	d := WorkerConfig{}.WithDefaults()
+	require.Equal(t, 1000, d.Slots)
+	require.Equal(t, 50, d.ClaimBatch)
+	require.Equal(t, 30*time.Second, d.PollWait)
+	require.Equal(t, 30*time.Second, d.ShutdownTimeout)
+	require.NotEmpty(t, d.Name)
+}
+
+func TestWorkerRunErrors(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	err := newTestWorker(f, WorkerConfig{Slots: -1}).Run(context.Background())
+	require.ErrorContains(t, err, "Slots")
+
+	err = newTestWorker(f, WorkerConfig{}).Run(context.Background())
+	require.ErrorContains(t, err, "no registered kinds")
+
+	w := newTestWorker(f, WorkerConfig{})
+	require.Panics(t, func() { w.Register("", noop) })
+	require.Panics(t, func() { w.Register("x", nil) })
+	w.Register("x", noop)
+	require.Panics(t, func() { w.Register("x", noop) })
+}
+
+func noop(context.Context, *TaskContext) (json.RawMessage, error) { return nil, nil }
+
+// TestWorkerSlotsLedger records every start and finish: the worker never runs
+// more than Slots at once, never claims more than its free slots or
+// ClaimBatch, and runs and reports every task exactly once.
+func TestWorkerSlotsLedger(t *testing.T) {
+	t.Parallel()
+	const (
+		slots = 8
+		batch = 3
+		tasks = 600
+	)
+	f := newFakeBackend()
+	var (
+		inFlight, maxInFlight, finished atomic.Int64
+		mu                              sync.Mutex
+		starts                          = make(map[int64]int)
+		badClaims                       []string
+	)
+	f.checkClaim = func(p ClaimParams, claimed int64) {
+		occupied := claimed - finished.Load()
+		if p.Max < 1 || p.Max > batch || int64(p.Max) > slots-occupied {
+			badClaims = append(badClaims, fmt.Sprintf("claim max %d with %d occupied", p.Max, occupied))
+		}
+	}
+	w := newTestWorker(f, WorkerConfig{Slots: slots, ClaimBatch: batch})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		n := inFlight.Add(1)
+		for {
+			m := maxInFlight.Load()
+			if n <= m || maxInFlight.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		mu.Lock()
+		starts[tc.ID]++
+		mu.Unlock()
+		// Simulated work of varying length.
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		inFlight.Add(-1)
+		finished.Add(1)
+		return json.RawMessage(`{"ok":true}`), nil
+	})
+	stop := runWorker(t, w)
+	ids := f.add(tasks, ClaimedTask{})
+	waitResults(t, f, tasks)
+	require.NoError(t, stop())
+
+	require.LessOrEqual(t, maxInFlight.Load(), int64(slots))
+	require.Equal(t, int64(slots), maxInFlight.Load(), "the worker should fill its slots")
+	f.locked(func() {
+		require.Empty(t, badClaims)
+		for _, id := range ids {
+			require.Len(t, f.results[id], 1, "task %d", id)
+			require.Equal(t, 1, f.reported[id], "task %d", id)
+			require.Empty(t, f.results[id][0].Error)
+			require.JSONEq(t, `{"ok":true}`, string(f.results[id][0].Output))
+		}
+		for _, n := range f.claimSizes {
+			require.LessOrEqual(t, n, batch)
+		}
+		require.True(t, f.deregistered)
+		require.Equal(t, []RegisterWorkerParams{{Name: w.cfg.Name, Kinds: []string{"test"}, Slots: slots}}, f.registered)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, tasks)
+	for id, n := range starts {
+		require.Equal(t, 1, n, "task %d started %d times", id, n)
+	}
+}
+
+// TestWorkerBatchedCompletion: with a slow Complete, results gather into
+// batches of at most 500, and each is delivered exactly once.
+func TestWorkerBatchedCompletion(t *testing.T) {
+	t.Parallel()
+	const tasks = 5000
+	f := newFakeBackend()
+	f.completeDelay = 2 * time.Millisecond
+	w := newTestWorker(f, WorkerConfig{Slots: 200})
+	w.Register("test", noop)
+	stop := runWorker(t, w)
+	ids := f.add(tasks, ClaimedTask{})
+	waitResults(t, f, tasks)
+	require.NoError(t, stop())
+	f.locked(func() {
+		for _, id := range ids {
+			require.Equal(t, 1, f.reported[id], "task %d", id)
+		}
+		require.Less(t, len(f.completeSize), tasks/5, "results should be batched")
+		require.LessOrEqual(t, slices.Max(f.completeSize), maxCompleteBatch)
+		total := 0
+		for _, n := range f.completeSize {
+			total += n
+		}
+		require.Equal(t, tasks, total)
+	})
+}
+
+// TestWorkerCompleteRetries: a failing Complete is retried; nothing is lost
+// or sent twice.
+func TestWorkerCompleteRetries(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.completeErrs = 2
+	w := newTestWorker(f, WorkerConfig{Slots: 10})
+	w.Register("test", noop)
+	stop := runWorker(t, w)
+	ids := f.add(30, ClaimedTask{})
+	waitResults(t, f, len(ids))
+	require.NoError(t, stop())
+	f.locked(func() {
+		for _, id := range ids {
+			require.Equal(t, 1, f.reported[id])
+		}
+	})
+}
+
+func TestWorkerClaimErrorsBackOff(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.claimErrs = 2
+	w := newTestWorker(f, WorkerConfig{Slots: 10})
+	w.Register("test", noop)
+	runWorker(t, w)
+	ids := f.add(5, ClaimedTask{})
+	waitResults(t, f, len(ids))
+}
+
+// blockingHandler runs until its context is done and reports the cause.
+type blockingHandler struct {
+	started chan int64
+	causes  chan error
+}
+
+func newBlockingHandler() *blockingHandler {
+	return &blockingHandler{started: make(chan int64, 100), causes: make(chan error, 100)}
+}
+
+func (h *blockingHandler) handle(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+	h.started <- tc.ID
+	<-ctx.Done()
+	h.causes <- context.Cause(ctx)
+	return nil, ctx.Err()
+}
+
+func TestWorkerCancelViaHeartbeat(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", h.handle)
+	runWorker(t, w)
+	id := f.add(1, ClaimedTask{})[0]
+	require.Equal(t, id, <-h.started)
+	f.cancelViaHeartbeat(id)
+	require.ErrorIs(t, <-h.causes, errServerCancel)
+	waitResults(t, f, 1)
+	r, _ := f.result(id)
+	require.Equal(t, TaskResult{TaskID: id, Attempt: 1, Error: "cancelled", NoRetry: true}, r)
+}
+
+func TestWorkerCancelViaClaim(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.interval = time.Hour // only the claim can carry the cancel
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w.Register("test", h.handle)
+	runWorker(t, w)
+	id := f.add(1, ClaimedTask{})[0]
+	require.Equal(t, id, <-h.started)
+	f.cancelViaClaim(id)
+	require.ErrorIs(t, <-h.causes, errServerCancel)
+	waitResults(t, f, 1)
+	r, _ := f.result(id)
+	require.Equal(t, "cancelled", r.Error)
+}
+
+// TestWorkerLostLeaseDropsResult: a task the server says is lost is stopped
+// and its result is never sent.
+func TestWorkerLostLeaseDropsResult(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w.Register("test", h.handle)
+	w.Register("noop", noop)
+	stop := runWorker(t, w)
+	lost := f.add(1, ClaimedTask{})[0]
+	require.Equal(t, lost, <-h.started)
+	f.loseViaHeartbeat(lost)
+	require.ErrorIs(t, <-h.causes, errLeaseLost)
+	// A later task goes through; then shut down, which flushes results.
+	other := f.add(1, ClaimedTask{Kind: "noop"})[0]
+	waitResults(t, f, 1)
+	require.NoError(t, stop())
+	f.locked(func() {
+		require.Equal(t, 0, f.reported[lost])
+		require.Equal(t, 1, f.reported[other])
+		require.NotContains(t, f.released, lost)
+	})
+}
+
+// TestWorkerLeaseLossSelfAbort: when heartbeats fail past lease minus one
+// interval, running tasks are stopped and their results dropped (S-W5).
+func TestWorkerLeaseLossSelfAbort(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.lease, f.interval = 100*time.Millisecond, 10*time.Millisecond
+	f.heartbeatErr = errors.New("fake: network down")
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w.Register("test", h.handle)
+	stop := runWorker(t, w)
+	id := f.add(1, ClaimedTask{})[0]
+	<-h.started
+	start := time.Now()
+	require.ErrorIs(t, <-h.causes, errLeaseLost)
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	require.NoError(t, stop())
+	f.locked(func() {
+		require.Equal(t, 0, f.reported[id])
+		require.NotEmpty(t, f.heartbeats)
+	})
+}
+
+func TestWorkerHeartbeatReportsHeld(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 4, ShutdownTimeout: time.Millisecond})
+	w.Register("test", h.handle)
+	runWorker(t, w)
+	id := f.add(1, ClaimedTask{})[0]
+	<-h.started
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, hb := range f.heartbeats {
+			if hb.FreeSlots == 3 && slices.Equal(hb.Held, []int64{id}) {
+				return true
+			}
+		}
+		return false
+	}, waitFor, tick)
+}
+
+func TestWorkerTimeout(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", h.handle)
+	runWorker(t, w)
+	id := f.add(1, ClaimedTask{Timeout: Duration(20 * time.Millisecond)})[0]
+	var te *timeoutError
+	require.ErrorAs(t, <-h.causes, &te)
+	waitResults(t, f, 1)
+	r, _ := f.result(id)
+	require.Equal(t, TaskResult{TaskID: id, Attempt: 1, Error: "timeout: attempt exceeded 20ms"}, r)
+}
+
+// TestWorkerResults: what a handler returns becomes the TaskResult.
+func TestWorkerResults(t *testing.T) {
+	t.Parallel()
+	type in struct{ N int }
+	type out struct {
+		Double int `json:"double"`
+	}
+	for _, tc := range []struct {
+		name    string
+		kind    string
+		input   string
+		handler HandlerFunc
+		want    TaskResult
+	}{
+		{
+			name:  "typed",
+			input: `{"N": 21}`,
+			handler: Handle(func(_ context.Context, v in) (out, error) {
+				return out{Double: 2 * v.N}, nil
+			}),
+			want: TaskResult{Output: json.RawMessage(`{"double":42}`)},
+		},
+		{
+			name:  "typed decode error",
+			input: `{"N": "x"}`,
+			handler: Handle(func(_ context.Context, v in) (out, error) {
+				return out{}, nil
+			}),
+			want: TaskResult{NoRetry: true, Error: "decoding input of test task 1: json: cannot unmarshal string into Go struct field in.N of type int"},
+		},
+		{
+			name:    "error",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) { return nil, errors.New("boom") },
+			want:    TaskResult{Error: "boom"},
+		},
+		{
+			name: "no retry",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) {
+				return json.RawMessage(`1`), NoRetry(errors.New("bad input"))
+			},
+			want: TaskResult{Error: "bad input", NoRetry: true},
+		},
+		{
+			name: "retry after",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) {
+				return nil, RetryAfter(errors.New("slow down"), 3*time.Second)
+			},
+			want: TaskResult{Error: "slow down", RetryAfter: Duration(3 * time.Second)},
+		},
+		{
+			name: "both",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) {
+				return nil, NoRetry(RetryAfter(errors.New("x"), time.Second))
+			},
+			want: TaskResult{Error: "x", NoRetry: true, RetryAfter: Duration(time.Second)},
+		},
+		{
+			name:    "empty error message",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) { return nil, errors.New("") },
+			want:    TaskResult{Error: "*errors.errorString with an empty message"},
+		},
+		{
+			name:    "panic",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) { panic("kaboom") },
+			want:    TaskResult{Error: "panic: kaboom"},
+		},
+		{
+			name:    "invalid output",
+			handler: func(context.Context, *TaskContext) (json.RawMessage, error) { return json.RawMessage(`{`), nil },
+			want:    TaskResult{Error: "handler returned invalid JSON output", NoRetry: true},
+		},
+		{
+			name:    "unknown kind",
+			kind:    "other",
+			handler: noop,
+			want:    TaskResult{Error: `no handler for kind "other" on this worker`, NoRetry: true},
+		},
+		{
+			name:  "task context",
+			input: `[1]`,
+			handler: func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+				if tc.StartedAt.IsZero() {
+					return nil, errors.New("no StartedAt")
+				}
+				tc.StartedAt = time.Time{}
+				return json.Marshal(tc)
+			},
+			want: TaskResult{Output: json.RawMessage(`{"ID":1,"Kind":"test","Queue":"q","ConcurrencyKey":"k","Attempt":2,"MaxAttempts":5,"Input":[1],"StartedAt":"0001-01-01T00:00:00Z"}`)},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeBackend()
+			w := newTestWorker(f, WorkerConfig{Slots: 1})
+			w.Register("test", tc.handler)
+			runWorker(t, w)
+			ct := ClaimedTask{Kind: tc.kind, Queue: "q", ConcurrencyKey: "k", Attempt: 2, MaxAttempts: 5}
+			if tc.input != "" {
+				ct.Input = json.RawMessage(tc.input)
+			}
+			id := f.add(1, ct)[0]
+			waitResults(t, f, 1)
+			got, _ := f.result(id)
+			tc.want.TaskID, tc.want.Attempt = id, 2
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestWorkerShutdownWaitsForRunning: Run returns only once a running task
+// finished, and its result is sent before deregistering.
+func TestWorkerShutdownWaitsForRunning(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	started, finish := make(chan struct{}), make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w.Register("test", func(ctx context.Context, _ *TaskContext) (json.RawMessage, error) {
+		close(started)
+		<-finish // ignores ctx: graceful shutdown must not cancel it
+		return json.RawMessage(`"done"`), ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	id := f.add(1, ClaimedTask{})[0]
+	<-started
+	cancel()
+	// The worker is shutting down once it stopped claiming; it still waits.
+	require.Eventually(t, func() bool { return w.stopping.Load() }, waitFor, tick)
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v while a task was running", err)
+	default:
+	}
+	close(finish)
+	require.NoError(t, <-done)
+	f.locked(func() {
+		require.Equal(t, []TaskResult{{TaskID: id, Attempt: 1, Output: json.RawMessage(`"done"`)}}, f.results[id])
+		require.Empty(t, f.released)
+		require.True(t, f.deregistered)
+	})
+}
+
+// TestWorkerShutdownDeadlineReleases: tasks still running at the shutdown
+// deadline are cancelled and released, not reported.
+func TestWorkerShutdownDeadlineReleases(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 4, ShutdownTimeout: 50 * time.Millisecond})
+	w.Register("test", h.handle)
+	stop := runWorker(t, w)
+	ids := f.add(3, ClaimedTask{})
+	for range ids {
+		<-h.started
+	}
+	start := time.Now()
+	require.NoError(t, stop())
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	for range ids {
+		require.ErrorIs(t, <-h.causes, errShutdown)
+	}
+	f.locked(func() {
+		require.ElementsMatch(t, ids, f.released)
+		require.Empty(t, f.reported)
+		require.True(t, f.deregistered)
+	})
+}
+
+// TestWorkerShutdownReleasesUnstarted: tasks a claim returns as the worker
+// stops are released without running.
+func TestWorkerShutdownReleasesUnstarted(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	claiming := make(chan struct{})
+	f.claimHook = func(ctx context.Context, p ClaimParams) (*ClaimResult, error) {
+		close(claiming)
+		<-ctx.Done()
+		// The answer raced the cancellation.
+		return &ClaimResult{Tasks: []ClaimedTask{{ID: 7, Kind: "test", Attempt: 1}, {ID: 8, Kind: "test", Attempt: 1}}}, nil
+	}
+	var ran atomic.Int64
+	w := newTestWorker(f, WorkerConfig{Slots: 4})
+	w.Register("test", func(context.Context, *TaskContext) (json.RawMessage, error) {
+		ran.Add(1)
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	<-claiming
+	require.NoError(t, stop())
+	require.Zero(t, ran.Load())
+	f.locked(func() {
+		require.ElementsMatch(t, []int64{7, 8}, f.released)
+		require.Empty(t, f.reported)
+		require.True(t, f.deregistered)
+	})
+	require.Equal(t, int64(4), w.free.Load())
+}
+
+func TestWorkerID(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	w := newTestWorker(f, WorkerConfig{})
+	require.Empty(t, w.ID())
+	w.Register("test", noop)
+	runWorker(t, w)
+	require.Eventually(t, func() bool { return w.ID() == "w1" }, waitFor, tick)
+}
+
+// BenchmarkWorkerNoop measures no-op tasks per second through the worker
+// against the in-memory backend (claim, run, batched complete).
+func BenchmarkWorkerNoop(b *testing.B) {
+	f := newFakeBackend()
+	f.interval = time.Second
+	w := NewWorker(f, WorkerConfig{Slots: 1000, Logger: quiet})
+	w.Register("test", noop)
+	stop := runWorker(b, w)
+	b.ReportAllocs()
+	start := time.Now()
+	f.add(b.N, ClaimedTask{})
+	for f.resultCount() < b.N {
+		time.Sleep(100 * time.Microsecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
+	b.StopTimer()
+	_ = stop()
+}
