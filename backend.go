@@ -9,6 +9,9 @@ type Backend interface {
 	// Trigger creates a task. created is false when an idempotency key
 	// matched an existing task, which is returned instead.
 	Trigger(ctx context.Context, p TriggerParams) (task *Task, created bool, err error)
+	// TriggerBatch creates up to 1000 tasks in one transaction: all are
+	// admitted or none (one *AdmissionError for the batch).
+	TriggerBatch(ctx context.Context, p TriggerBatchParams) (*TriggerBatchResult, error)
 	GetTask(ctx context.Context, id int64) (*Task, error)
 	ListTasks(ctx context.Context, f TaskFilter) (*TaskPage, error)
 	CancelTask(ctx context.Context, id int64) (*Task, error)

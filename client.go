@@ -92,6 +92,15 @@ func (c *Client) Trigger(ctx context.Context, p TriggerParams) (*Task, bool, err
 	return &t, status == http.StatusCreated, nil
 }
 
+// TriggerBatch creates tasks atomically (POST /v1/tasks/batch).
+func (c *Client) TriggerBatch(ctx context.Context, p TriggerBatchParams) (*TriggerBatchResult, error) {
+	var r TriggerBatchResult
+	if _, err := c.do(ctx, http.MethodPost, "/v1/tasks/batch", nil, p, &r, 0); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
 // GetTask returns a task with its attempts (GET /v1/tasks/{id}).
 func (c *Client) GetTask(ctx context.Context, id int64) (*Task, error) {
 	var t Task
@@ -381,7 +390,12 @@ func decodeError(resp *http.Response) error {
 		}
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {
-		return &AdmissionError{Ceiling: e.Message, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+		// The server's message is AdmissionError.Error(): keep the ceiling.
+		ceiling := strings.TrimPrefix(e.Message, "admission rejected: ")
+		if i := strings.LastIndex(ceiling, " reached; retry after "); i >= 0 {
+			ceiling = ceiling[:i]
+		}
+		return &AdmissionError{Ceiling: ceiling, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
 	return e
 }

@@ -256,6 +256,9 @@ var errFakeUnimplemented = errors.New("fake: not implemented")
 func (f *fakeBackend) Trigger(context.Context, TriggerParams) (*Task, bool, error) {
 	return nil, false, errFakeUnimplemented
 }
+func (f *fakeBackend) TriggerBatch(context.Context, TriggerBatchParams) (*TriggerBatchResult, error) {
+	return nil, errFakeUnimplemented
+}
 func (f *fakeBackend) GetTask(context.Context, int64) (*Task, error) {
 	return nil, errFakeUnimplemented
 }

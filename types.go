@@ -82,6 +82,19 @@ type TriggerParams struct {
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
+// TriggerBatchParams is the body of POST /v1/tasks/batch.
+type TriggerBatchParams struct {
+	// Tasks to create, 1 to 1000. All are admitted or none.
+	Tasks []TriggerParams `json:"tasks"`
+}
+
+// TriggerBatchResult answers POST /v1/tasks/batch.
+type TriggerBatchResult struct {
+	Tasks []Task `json:"tasks"`
+	// Created[i] is false when tasks[i] matched an existing idempotency key.
+	Created []bool `json:"created"`
+}
+
 // Task is a task as the API returns it.
 type Task struct {
 	ID                 int64           `json:"id"`

@@ -122,6 +122,12 @@ type Engine struct {
 
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
+	// freed wakes a worker's long-polling claims when its tasks end: the
+	// store hands a worker no more tasks than its slots minus those it
+	// runs, so a worker whose slots are all taken server-side (results
+	// still on their way) must be woken by its own completions, which
+	// ready no task when nothing waits for a slot.
+	freed map[string]*claimWaiters
 
 	bgCancel context.CancelFunc
 	bgDone   sync.WaitGroup
@@ -141,6 +147,7 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 		kick:    make(chan struct{}, 1),
 		metrics: newMetrics(st),
 		cancels: map[string][]int64{},
+		freed:   map[string]*claimWaiters{},
 	}, nil
 }
 
@@ -179,25 +186,40 @@ func (e *Engine) Ready(ctx context.Context) error {
 
 // Trigger creates a task (S-FC4 overrides: queue, key, priority).
 func (e *Engine) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.Task, bool, error) {
-	tasks, created, err := e.TriggerBatch(ctx, []sluice.TriggerParams{p})
+	tasks, created, err := e.TriggerMany(ctx, []sluice.TriggerParams{p})
 	if err != nil {
 		return nil, false, err
 	}
 	return tasks[0], created[0], nil
 }
 
-// TriggerBatch creates tasks atomically: all are admitted or none.
-func (e *Engine) TriggerBatch(ctx context.Context, ps []sluice.TriggerParams) ([]*sluice.Task, []bool, error) {
+// TriggerBatch creates up to validate.MaxTriggerBatch tasks atomically.
+func (e *Engine) TriggerBatch(ctx context.Context, p sluice.TriggerBatchParams) (*sluice.TriggerBatchResult, error) {
+	if err := validate.TriggerBatch(&p); err != nil {
+		return nil, err
+	}
+	tasks, created, err := e.TriggerMany(ctx, p.Tasks)
+	if err != nil {
+		return nil, err
+	}
+	res := &sluice.TriggerBatchResult{Tasks: make([]sluice.Task, len(tasks)), Created: created}
+	for i, t := range tasks {
+		res.Tasks[i] = *t
+	}
+	return res, nil
+}
+
+// TriggerMany creates any number of tasks atomically: all are admitted or
+// none. (Benchmarks use it to pre-enqueue; the API caps batches.)
+func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]*sluice.Task, []bool, error) {
 	nts := make([]store.NewTask, len(ps))
 	scheduled := false
 	for i := range ps {
 		nt, err := e.newTask(&ps[i])
 		if err != nil {
-			if len(ps) > 1 {
-				var se *sluice.Error
-				if errors.As(err, &se) {
-					se.Message = fmt.Sprintf("tasks[%d].%s", i, se.Message)
-				}
+			var se *sluice.Error
+			if len(ps) > 1 && errors.As(err, &se) {
+				err = &sluice.Error{Code: se.Code, Field: fmt.Sprintf("tasks[%d].%s", i, se.Field), Message: fmt.Sprintf("tasks[%d].%s", i, se.Message)}
 			}
 			return nil, nil, err
 		}
@@ -393,8 +415,14 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 		p.Wait = sluice.Duration(maxWait)
 	}
 	var timer *time.Timer
+	var cw *claimWaiters
+	if p.Wait > 0 {
+		cw = e.watchFreed(workerID)
+		defer e.unwatchFreed(workerID, cw)
+	}
 	for {
 		woken := e.ready.wait()
+		freed := e.freedChan(cw)
 		start := time.Now()
 		now := e.now()
 		tasks, err := e.st.Claim(ctx, now, workerID, p.Max, now.Add(e.cfg.Lease))
@@ -413,11 +441,59 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 		}
 		select {
 		case <-woken:
+		case <-freed:
 		case <-timer.C:
 			return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}}, nil
 		case <-ctx.Done():
 			return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}}, nil
 		}
+	}
+}
+
+// claimWaiters are the claims of one worker waiting for work.
+type claimWaiters struct {
+	ch chan struct{} // closed when the worker's tasks end, then replaced
+	n  int
+}
+
+func (e *Engine) watchFreed(workerID string) *claimWaiters {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cw := e.freed[workerID]
+	if cw == nil {
+		cw = &claimWaiters{ch: make(chan struct{})}
+		e.freed[workerID] = cw
+	}
+	cw.n++
+	return cw
+}
+
+func (e *Engine) unwatchFreed(workerID string, cw *claimWaiters) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cw.n--; cw.n == 0 && e.freed[workerID] == cw {
+		delete(e.freed, workerID)
+	}
+}
+
+// freedChan returns the channel to wait on; nil (never ready) without
+// waiters.
+func (e *Engine) freedChan(cw *claimWaiters) <-chan struct{} {
+	if cw == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return cw.ch
+}
+
+// wakeFreed wakes the waiting claims of a worker whose tasks ended.
+func (e *Engine) wakeFreed(workerID string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cw := e.freed[workerID]; cw != nil {
+		close(cw.ch)
+		cw.ch = make(chan struct{})
 	}
 }
 
@@ -449,12 +525,16 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		return nil, err
 	}
 	e.after(o)
-	failed := false
+	failed, freed := false, false
 	for i, a := range acks {
 		if a.Status == "ok" {
 			e.metrics.finished(p.Results[i])
 			failed = failed || p.Results[i].Error != ""
+			freed = true
 		}
+	}
+	if freed {
+		e.wakeFreed(workerID)
 	}
 	if failed {
 		e.kickScheduler() // a retry may have been scheduled

@@ -92,6 +92,7 @@ var Routes = []Route{
 	{"POST", "/v1/queues/{name}/resume", ScopeAdmin, (*api).resumeQueue},
 
 	{"POST", "/v1/tasks", ScopeAdmin, (*api).trigger},
+	{"POST", "/v1/tasks/batch", ScopeAdmin, (*api).triggerBatch},
 	{"GET", "/v1/tasks", ScopeAdmin, (*api).listTasks},
 	{"GET", "/v1/tasks/{id}", ScopeAdmin, (*api).getTask},
 	{"POST", "/v1/tasks/{id}/cancel", ScopeAdmin, (*api).cancelTask},

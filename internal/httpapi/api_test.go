@@ -211,6 +211,11 @@ func TestBadInput(t *testing.T) {
 		field                    string // "" = no field expected
 		msg                      string // substring of the message
 	}{
+		// POST /v1/tasks/batch
+		{"batch empty", "POST", "/v1/tasks/batch", `{"tasks":[]}`, 400, "tasks", "tasks: required"},
+		{"batch missing", "POST", "/v1/tasks/batch", `{}`, 400, "tasks", "tasks: required"},
+		{"batch bad item", "POST", "/v1/tasks/batch", `{"tasks":[{"kind":"a"},{"kind":"b c"}]}`, 400, "tasks[1].kind", "tasks[1].kind:"},
+		{"batch item type", "POST", "/v1/tasks/batch", `{"tasks":[{"kind":"a","priority":"x"}]}`, 400, "tasks[0].priority", "want integer"},
 		// POST /v1/tasks
 		{"empty body", "POST", "/v1/tasks", "", 400, "", "request body is required"},
 		{"blank body", "POST", "/v1/tasks", "  \n", 400, "", "request body is required"},
@@ -338,6 +343,7 @@ func TestAuth(t *testing.T) {
 	body := map[string]string{
 		"PUT /v1/queues/{name}":           `{}`,
 		"POST /v1/tasks":                  `{"kind":"a"}`,
+		"POST /v1/tasks/batch":            `{"tasks":[{"kind":"a"}]}`,
 		"POST /v1/workers":                `{"kinds":["a"],"slots":1}`,
 		"POST /v1/workers/{id}/claim":     `{"max":1}`,
 		"POST /v1/workers/{id}/complete":  `{"results":[]}`,

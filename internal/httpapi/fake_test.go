@@ -71,6 +71,18 @@ func (f *fakeBackend) Trigger(ctx context.Context, p sluice.TriggerParams) (*slu
 	return fakeTask(7, p.Kind), !f.notCreated, nil
 }
 
+func (f *fakeBackend) TriggerBatch(ctx context.Context, p sluice.TriggerBatchParams) (*sluice.TriggerBatchResult, error) {
+	if err := f.record("TriggerBatch", p); err != nil {
+		return nil, err
+	}
+	res := &sluice.TriggerBatchResult{}
+	for i, tp := range p.Tasks {
+		res.Tasks = append(res.Tasks, *fakeTask(int64(i+1), tp.Kind))
+		res.Created = append(res.Created, !f.notCreated)
+	}
+	return res, nil
+}
+
 func (f *fakeBackend) GetTask(ctx context.Context, id int64) (*sluice.Task, error) {
 	if err := f.record("GetTask", id); err != nil {
 		return nil, err

@@ -138,6 +138,27 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, code, t)
 }
 
+func (a *api) triggerBatch(w http.ResponseWriter, r *http.Request) error {
+	var p sluice.TriggerBatchParams
+	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
+		return err
+	}
+	if err := validate.TriggerBatch(&p); err != nil {
+		return err
+	}
+	res, err := a.b.TriggerBatch(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	code := http.StatusOK
+	for _, c := range res.Created {
+		if c {
+			code = http.StatusCreated
+		}
+	}
+	return writeJSON(w, code, res)
+}
+
 func (a *api) getTask(w http.ResponseWriter, r *http.Request) error {
 	id, err := taskID(r)
 	if err != nil {

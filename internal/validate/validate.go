@@ -10,6 +10,7 @@ package validate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -124,6 +125,31 @@ func Trigger(p *sluice.TriggerParams) error {
 		return sluice.Invalid("run_at", "year must be between 1 and 9999")
 	}
 	return text("idempotency_key", p.IdempotencyKey, MaxIdempotencyKeyLen)
+}
+
+// MaxTriggerBatch bounds the tasks of one POST /v1/tasks/batch.
+const MaxTriggerBatch = 1000
+
+// TriggerBatch checks the body of POST /v1/tasks/batch; an error names the
+// item, e.g. "tasks[3].kind".
+func TriggerBatch(p *sluice.TriggerBatchParams) error {
+	if len(p.Tasks) == 0 {
+		return sluice.Invalid("tasks", "required: at least one task")
+	}
+	if len(p.Tasks) > MaxTriggerBatch {
+		return sluice.Invalid("tasks", "more than %d tasks in one batch", MaxTriggerBatch)
+	}
+	for i := range p.Tasks {
+		if err := Trigger(&p.Tasks[i]); err != nil {
+			var se *sluice.Error
+			if errors.As(err, &se) {
+				field := fmt.Sprintf("tasks[%d].%s", i, se.Field)
+				return &sluice.Error{Code: se.Code, Field: field, Message: fmt.Sprintf("tasks[%d].%s", i, se.Message)}
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // QueueParams checks the body of PUT /v1/queues/{name}: each limit is null
