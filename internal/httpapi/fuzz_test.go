@@ -190,3 +190,19 @@ func FuzzListTasksQuery(f *testing.F) {
 		})
 	})
 }
+
+func FuzzDecodeTriggerBatch(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f,
+		`{"tasks":[{"kind":"email"}]}`,
+		`{"tasks":[{"kind":"a"},{"kind":"b","concurrency_key":"k","priority":3,"timeout":"1s"}]}`,
+		`{"tasks":[]}`, `{"tasks":null}`, `{"tasks":[{"kind":"a b"}]}`, `{"tasks":[{}]}`, `{"tasks":{"kind":"a"}}`,
+		`{"tasks":[{"kind":"a","idempotency_key":"x"},{"kind":"a","idempotency_key":"x"}]}`,
+	)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/tasks/batch", body, func(arg any) error {
+			p := arg.(sluice.TriggerBatchParams)
+			return validate.TriggerBatch(&p)
+		})
+	})
+}
