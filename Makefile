@@ -1,0 +1,54 @@
+# sluice — run `make help` for the targets.
+
+SHELL       := bash
+GO          ?= go
+GOTESTFLAGS ?=
+FUZZTIME    ?= 30s
+BIN         ?= bin/sluice
+
+.DEFAULT_GOAL := help
+.PHONY: help build run test test-short test-race lint fuzz bench generate clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## Build bin/sluice
+	$(GO) build -o $(BIN) ./cmd/sluice
+
+run: ## Run a dev server with the flow-control demo (sluice dev --demo)
+	$(GO) run ./cmd/sluice dev --demo
+
+test: ## Run the whole suite with the race detector (GOTESTFLAGS=-v adds flags)
+	$(GO) test -race $(GOTESTFLAGS) ./...
+
+test-short: ## Run the suite without the slow tests (-short)
+	$(GO) test -short $(GOTESTFLAGS) ./...
+
+test-race: ## Same as test: the suite with the race detector
+	$(GO) test -race $(GOTESTFLAGS) ./...
+
+lint: ## gofmt check, go vet, and staticcheck when installed
+	@unformatted="$$(gofmt -l .)"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck ./...; \
+	else echo "staticcheck not installed; skipped (go install honnef.co/go/tools/cmd/staticcheck@latest)"; fi
+
+fuzz: ## Run every Fuzz* test for FUZZTIME each (default 30s)
+	@set -eo pipefail; \
+	targets="$$($(GO) test -list '^Fuzz' ./... | awk '/^Fuzz/ {n = n " " $$1; next} /^ok/ {split(n, a, " "); for (i in a) print $$2 ":" a[i]; n = ""}')"; \
+	if [ -z "$$targets" ]; then echo "no fuzz tests found"; exit 0; fi; \
+	for t in $$targets; do \
+		pkg="$${t%%:*}"; fz="$${t##*:}"; \
+		echo "== $$pkg $$fz ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fz$$" -fuzztime $(FUZZTIME) "$$pkg"; \
+	done
+
+bench: ## Run the sluice benchmark (go run ./cmd/sluice bench)
+	$(GO) run ./cmd/sluice bench
+
+generate: ## Run go generate ./...
+	$(GO) generate ./...
+
+clean: ## Remove build output and the dev database
+	rm -rf bin sluice-dev.db sluice-dev.db-wal sluice-dev.db-shm

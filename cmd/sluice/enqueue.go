@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// waitPollInterval is how often `enqueue --wait` polls the task.
+const waitPollInterval = 200 * time.Millisecond
+
+type enqueueFlags struct {
+	client           clientFlags
+	input            string
+	queue            string
+	key              string
+	priority         int
+	maxAttempts      int
+	timeout          time.Duration
+	runAt            string
+	delay            time.Duration
+	dispatchDeadline time.Duration
+	idempotencyKey   string
+	wait             bool
+}
+
+func (a *app) newEnqueueCmd() *cobra.Command {
+	var f enqueueFlags
+	cmd := &cobra.Command{
+		Use:   "enqueue KIND",
+		Short: "Trigger a task and print it",
+		Long: `Trigger a task of KIND (the handler name a worker implements) and print it.
+
+The queue defaults to one named after the kind; naming an unknown queue
+creates it, unbounded. --key splits the queue into one sub-queue per key
+value, each with the queue's concurrency limit. With --wait, the command
+polls until the task ends, shows its progress on stderr, and exits 1 if the
+task did not succeed.`,
+		Example: `  sluice enqueue echo --input '{"hello":"world"}' --wait
+  sluice enqueue sleep --input '{"duration":"2s"}' --queue email --key user:42 --priority 10
+  sluice enqueue http --input @request.json --delay 30s --dispatch-deadline 5m
+  sluice enqueue echo --idempotency-key order-1234 -o json`,
+		Args: exactArgs("KIND"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			params, err := f.params(args[0])
+			if err != nil {
+				return err
+			}
+			b, err := f.client.backend()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			task, created, err := b.Trigger(ctx, params)
+			if err != nil {
+				if ae, ok := sluice.IsAdmission(err); ok {
+					return fmt.Errorf("%w (nothing was created)", ae)
+				}
+				return err
+			}
+			if !created {
+				fmt.Fprintf(a.stderr, "idempotency key %q matched existing task %d: nothing was created\n", params.IdempotencyKey, task.ID)
+			}
+			if f.wait {
+				if task, err = a.waitTask(ctx, b, task); err != nil {
+					return err
+				}
+			}
+			if err := a.printTask(&f.client, task); err != nil {
+				return err
+			}
+			if f.wait && task.State != sluice.StateSucceeded {
+				msg := fmt.Sprintf("task %d ended %s", task.ID, task.State)
+				if task.Error != "" {
+					msg += ": " + task.Error
+				}
+				return fmt.Errorf("%s", msg)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	addClientFlags(fs, &f.client)
+	fs.StringVar(&f.input, "input", "", "task input as JSON, or @FILE to read it from a file (default null)")
+	fs.StringVar(&f.queue, "queue", "", "queue (default: a queue named after the kind)")
+	fs.StringVar(&f.key, "key", "", "concurrency key: one sub-queue per value, each with the queue's limit")
+	fs.IntVar(&f.priority, "priority", 0, "priority; higher runs first within a queue and key")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "attempts including the first; 1 means no retry (default: server's, 3)")
+	fs.DurationVar(&f.timeout, "timeout", 0, "start-to-close limit of one attempt (0 = none)")
+	fs.StringVar(&f.runAt, "run-at", "", "do not start before this RFC 3339 time (2030-01-02T15:04:05Z)")
+	fs.DurationVar(&f.delay, "delay", 0, "do not start before now + this duration")
+	fs.DurationVar(&f.dispatchDeadline, "dispatch-deadline", 0, "fail the task with a capacity: error if not started this long after submission (0 = none)")
+	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "re-submitting with the same key returns the existing task")
+	fs.BoolVar(&f.wait, "wait", false, "wait until the task ends, showing progress; exit 1 unless it succeeded")
+	return cmd
+}
+
+// params validates the flags into trigger parameters.
+func (f *enqueueFlags) params(kind string) (sluice.TriggerParams, error) {
+	p := sluice.TriggerParams{
+		Kind:             kind,
+		Queue:            f.queue,
+		ConcurrencyKey:   f.key,
+		Priority:         f.priority,
+		MaxAttempts:      f.maxAttempts,
+		Timeout:          sluice.Duration(f.timeout),
+		DispatchDeadline: sluice.Duration(f.dispatchDeadline),
+		IdempotencyKey:   f.idempotencyKey,
+	}
+	if strings.TrimSpace(kind) == "" {
+		return p, usagef("KIND: must not be empty")
+	}
+	if f.input != "" {
+		raw := []byte(f.input)
+		if path, ok := strings.CutPrefix(f.input, "@"); ok {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return p, usagef("--input: %v", err)
+			}
+			raw = b
+		}
+		if !json.Valid(raw) {
+			return p, usagef("--input: not valid JSON: %s", truncate(string(raw), 60))
+		}
+		p.Input = json.RawMessage(raw)
+	}
+	switch {
+	case f.maxAttempts < 0:
+		return p, usagef("--max-attempts: must be ≥ 1 (or 0 for the server's default), got %d", f.maxAttempts)
+	case f.timeout < 0:
+		return p, usagef("--timeout: must not be negative, got %s", f.timeout)
+	case f.delay < 0:
+		return p, usagef("--delay: must not be negative, got %s", f.delay)
+	case f.dispatchDeadline < 0:
+		return p, usagef("--dispatch-deadline: must not be negative, got %s", f.dispatchDeadline)
+	}
+	if f.runAt != "" && f.delay != 0 {
+		return p, usagef("--run-at and --delay: give one or the other, not both")
+	}
+	if f.runAt != "" {
+		t, err := time.Parse(time.RFC3339, f.runAt)
+		if err != nil {
+			return p, usagef("--run-at: want an RFC 3339 time such as 2030-01-02T15:04:05Z, got %q", f.runAt)
+		}
+		p.RunAt = &t
+	}
+	if f.delay > 0 {
+		t := time.Now().Add(f.delay)
+		p.RunAt = &t
+	}
+	return p, nil
+}
+
+// waitTask polls a task until it is terminal, printing a progress line on
+// stderr whenever its state or explanation changes.
+func (a *app) waitTask(ctx context.Context, b sluice.Backend, task *sluice.Task) (*sluice.Task, error) {
+	start := time.Now()
+	last := ""
+	tick := time.NewTicker(waitPollInterval)
+	defer tick.Stop()
+	for {
+		if line := progressLine(task); line != last {
+			fmt.Fprintf(a.stderr, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
+			last = line
+		}
+		if task.State.Terminal() {
+			return task, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for task %d: %w", task.ID, context.Cause(ctx))
+		case <-tick.C:
+		}
+		t, err := b.GetTask(ctx, task.ID)
+		if err != nil {
+			return nil, fmt.Errorf("waiting for task %d: %w", task.ID, err)
+		}
+		task = t
+	}
+}
+
+func progressLine(t *sluice.Task) string {
+	s := fmt.Sprintf("task %d %s", t.ID, t.State)
+	switch {
+	case t.Explain != "" && !t.State.Terminal():
+		s += ": " + t.Explain
+	case t.Attempt > 0:
+		s += fmt.Sprintf(" (attempt %d/%d)", t.Attempt, t.MaxAttempts)
+	}
+	if t.Error != "" {
+		s += ": " + truncate(t.Error, 120)
+	}
+	return s
+}

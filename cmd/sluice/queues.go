@@ -1,0 +1,219 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dev/sluice"
+)
+
+func (a *app) newQueuesCmd() *cobra.Command {
+	var c clientFlags
+	listRun := func(cmd *cobra.Command, _ []string) error {
+		b, err := c.backend()
+		if err != nil {
+			return err
+		}
+		qs, err := b.ListQueues(cmd.Context())
+		if err != nil {
+			return err
+		}
+		if c.json() {
+			if qs == nil {
+				qs = []sluice.Queue{}
+			}
+			return a.printJSON(qs)
+		}
+		tw := a.newTable("NAME", "RUNNING", "LIMIT", "QUEUED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "SUCCEEDED", "FAILED", "CANCELLED")
+		for _, q := range qs {
+			row(tw, q.Name, q.Running, q.ConcurrencyLimit, q.Counts[sluice.StateQueued], q.Counts[sluice.StateScheduled],
+				q.Active, q.MaxBacklog, q.Paused, q.Counts[sluice.StateSucceeded], q.Counts[sluice.StateFailed], q.Counts[sluice.StateCancelled])
+		}
+		return tw.Flush()
+	}
+	cmd := &cobra.Command{
+		Use:   "queues",
+		Short: "List, inspect, limit, pause and resume queues",
+		Long: `List, inspect, limit, pause and resume queues. Without a subcommand,
+lists queues (like "sluice queues list").
+
+RUNNING counts the tasks holding a slot of the queue (ready or running);
+LIMIT applies to each sub-queue: the tasks without a concurrency key share
+one, and each key value has its own.`,
+		Args: noArgs,
+		RunE: listRun,
+	}
+	addClientFlags(cmd.PersistentFlags(), &c)
+
+	list := &cobra.Command{
+		Use:     "list",
+		Short:   "List queues with their limits and task counts",
+		Example: `  sluice queues list -o json`,
+		Args:    noArgs,
+		RunE:    listRun,
+	}
+	get := &cobra.Command{
+		Use:     "get NAME",
+		Short:   "Show a queue with its task counts per state",
+		Example: `  sluice queues get email`,
+		Args:    exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := c.backend()
+			if err != nil {
+				return err
+			}
+			q, err := b.GetQueue(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.printQueue(&c, q)
+		},
+	}
+
+	var limit, backlog optInt
+	set := &cobra.Command{
+		Use:   "set NAME",
+		Short: "Set a queue's concurrency limit and backlog ceiling (creates the queue)",
+		Long: `Set a queue's concurrency limit and backlog ceiling, creating the queue if
+it does not exist. A setting not given keeps its current value; "none"
+removes it (unbounded).
+
+--concurrency-limit caps the running tasks of each sub-queue (each
+concurrency key value has its own); --max-backlog caps the unfinished tasks
+of the queue: a trigger over it is rejected with HTTP 429.`,
+		Example: `  sluice queues set email --concurrency-limit 5
+  sluice queues set email --max-backlog 1000
+  sluice queues set email --concurrency-limit none`,
+		Args: exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !limit.set && !backlog.set {
+				return usagef("queues set: give --concurrency-limit and/or --max-backlog")
+			}
+			b, err := c.backend()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			// PUT replaces both settings, so start from the current ones
+			// to leave the one not given unchanged.
+			var p sluice.QueueParams
+			cur, err := b.GetQueue(ctx, args[0])
+			switch {
+			case err == nil:
+				p = sluice.QueueParams{ConcurrencyLimit: cur.ConcurrencyLimit, MaxBacklog: cur.MaxBacklog}
+			case !errors.Is(err, sluice.ErrNotFound):
+				return err
+			}
+			if limit.set {
+				p.ConcurrencyLimit = limit.v
+			}
+			if backlog.set {
+				p.MaxBacklog = backlog.v
+			}
+			q, err := b.PutQueue(ctx, args[0], p)
+			if err != nil {
+				return err
+			}
+			return a.printQueue(&c, q)
+		},
+	}
+	set.Flags().Var(&limit, "concurrency-limit", "most running tasks per sub-queue (N ≥ 1), or none")
+	set.Flags().Var(&backlog, "max-backlog", "most unfinished tasks in the queue (N ≥ 1), or none")
+
+	pause := &cobra.Command{
+		Use:   "pause NAME",
+		Short: "Pause a queue: no new starts; running tasks finish",
+		Long: `Pause a queue: its tasks that are not running are held (state paused) and
+nothing new starts; running tasks run to completion. Resume restores the
+previous behaviour exactly.`,
+		Example: `  sluice queues pause email`,
+		Args:    exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := c.backend()
+			if err != nil {
+				return err
+			}
+			q, err := b.PauseQueue(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.printQueue(&c, q)
+		},
+	}
+	resume := &cobra.Command{
+		Use:     "resume NAME",
+		Short:   "Resume a paused queue",
+		Example: `  sluice queues resume email`,
+		Args:    exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := c.backend()
+			if err != nil {
+				return err
+			}
+			q, err := b.ResumeQueue(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.printQueue(&c, q)
+		},
+	}
+	cmd.AddCommand(list, get, set, pause, resume)
+	return cmd
+}
+
+func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
+	if c.json() {
+		return a.printJSON(q)
+	}
+	tw := a.newTable()
+	row(tw, "NAME", q.Name)
+	row(tw, "CONCURRENCY LIMIT", q.ConcurrencyLimit)
+	row(tw, "MAX BACKLOG", q.MaxBacklog)
+	row(tw, "PAUSED", q.Paused)
+	row(tw, "RUNNING (holding a slot)", q.Running)
+	row(tw, "ACTIVE (unfinished)", q.Active)
+	var counts []string
+	for _, s := range sluice.AllStates {
+		counts = append(counts, fmt.Sprintf("%s %d", s, q.Counts[s]))
+	}
+	row(tw, "COUNTS", strings.Join(counts, ", "))
+	row(tw, "CREATED", q.CreatedAt)
+	row(tw, "UPDATED", q.UpdatedAt)
+	return tw.Flush()
+}
+
+// optInt is a flag value that is a non-negative integer or "none" (nil).
+type optInt struct {
+	set bool
+	v   *int
+}
+
+func (o *optInt) String() string {
+	if !o.set {
+		return "" // not given: help shows no default
+	}
+	if o.v == nil {
+		return "none"
+	}
+	return strconv.Itoa(*o.v)
+}
+
+func (o *optInt) Set(s string) error {
+	o.set = true
+	if s == "none" {
+		o.v = nil
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a non-negative integer or none, got %q", s)
+	}
+	o.v = &n
+	return nil
+}
+
+func (o *optInt) Type() string { return "N|none" }

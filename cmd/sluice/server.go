@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dev/sluice/server"
+)
+
+// closeTimeout bounds how long closing the store may take after the HTTP
+// server has drained.
+const closeTimeout = 10 * time.Second
+
+func (a *app) newServerCmd() *cobra.Command {
+	return a.serverCmd(func(ctx context.Context, cfg server.Config) error {
+		return a.serve(ctx, cfg, func(url string) {
+			cfg.Logger.Info("sluice server listening", "url", url, "db", cfg.DB)
+		})
+	})
+}
+
+// serverCmd builds `sluice server` around serve, which tests replace to
+// see the configuration the flags and environment produced.
+func (a *app) serverCmd(serve func(ctx context.Context, cfg server.Config) error) *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run a sluice server (HTTP API, engine and background sweeps)",
+		Long: `Run a sluice server: the store, the engine, its background services
+(lease sweeper, scheduler, deadline checks) and the HTTP API under /v1.
+
+Workers connect over HTTP (sluice worker, or the Go SDK). Auth is required:
+--admin-token guards the whole API, --worker-token only the worker protocol.
+
+The first SIGINT or SIGTERM shuts down gracefully; a second exits at once.`,
+		Example: `  sluice server --db sqlite:/var/lib/sluice/sluice.db \
+    --admin-token "$ADMIN" --worker-token "$WORKER" --max-running 200
+
+  SLUICE_ADMIN_TOKEN=a SLUICE_WORKER_TOKEN=w SLUICE_MAX_ACTIVE=10000 sluice server`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := a.newLogger(f.logLevel)
+			if err != nil {
+				return err
+			}
+			cfg, err := a.serverConfig(&f, logger, false)
+			if err != nil {
+				return err
+			}
+			ctx, stop := a.withSignals(cmd.Context(), logger)
+			defer stop()
+			return serve(ctx, cfg)
+		},
+	}
+	addServerFlags(cmd.Flags(), &f, serverDefaults{}, true)
+	bindAllEnv(cmd.Flags())
+	return cmd
+}
+
+// serve opens the server, starts its background services and serves HTTP
+// until ctx is done. onReady runs once the listener is up.
+func (a *app) serve(ctx context.Context, cfg server.Config, onReady func(url string)) error {
+	srv, err := server.Open(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("opening server: %w", err)
+	}
+	return runServer(ctx, srv, onReady, nil)
+}
+
+// runServer starts srv, serves HTTP until ctx is done, and closes srv.
+// afterReady, if not nil, runs in its own goroutine once listening and is
+// waited for before closing (the dev worker and demo).
+func runServer(ctx context.Context, srv *server.Server, onReady func(url string), afterReady func(ctx context.Context, url string)) (err error) {
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		if cerr := srv.Close(cctx); cerr != nil && err == nil {
+			err = fmt.Errorf("closing server: %w", cerr)
+		}
+	}()
+	if err := srv.Start(ctx); err != nil {
+		return fmt.Errorf("starting background services: %w", err)
+	}
+
+	ready := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() { served <- srv.ListenAndServe(ctx, ready) }()
+
+	var url string
+	select {
+	case url = <-ready:
+	case err := <-served:
+		if err == nil {
+			return nil // ctx was done before the listener came up
+		}
+		return fmt.Errorf("serving HTTP: %w", err)
+	}
+	if onReady != nil {
+		onReady(url)
+	}
+	// afterReady stops with ctx, or when serving fails on its own.
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	afterDone := make(chan struct{})
+	if afterReady != nil {
+		go func() {
+			defer close(afterDone)
+			afterReady(actx, url)
+		}()
+	} else {
+		close(afterDone)
+	}
+	err = <-served
+	acancel()
+	<-afterDone
+	if err != nil {
+		return fmt.Errorf("serving HTTP: %w", err)
+	}
+	return nil
+}
