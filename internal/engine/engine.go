@@ -141,6 +141,7 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	st.SetClock(cfg.Clock.Now)
 	return &Engine{
 		st: st, cfg: cfg, log: cfg.Logger,
 		ready:   newBroadcaster(),
@@ -226,7 +227,7 @@ func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]
 		nts[i] = nt
 		scheduled = scheduled || !nt.RunAt.IsZero()
 	}
-	res, o, err := e.st.Enqueue(ctx, e.now(), store.Limits{MaxActive: e.cfg.MaxActive}, nts)
+	res, o, err := e.st.Enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
 	if err != nil {
 		if ae, ok := sluice.IsAdmission(err); ok {
 			e.metrics.admissionRejected(ae)
@@ -309,7 +310,7 @@ func (e *Engine) ListTasks(ctx context.Context, f sluice.TaskFilter) (*sluice.Ta
 
 // CancelTask cancels a task; a running one is told through its worker.
 func (e *Engine) CancelTask(ctx context.Context, id int64) (*sluice.Task, error) {
-	t, o, err := e.st.CancelTask(ctx, e.now(), id)
+	t, o, err := e.st.CancelTask(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +330,7 @@ func (e *Engine) PutQueue(ctx context.Context, name string, p sluice.QueueParams
 	if err := validateQueue(name, &p); err != nil {
 		return nil, err
 	}
-	q, o, err := e.st.PutQueue(ctx, e.now(), name, p)
+	q, o, err := e.st.PutQueue(ctx, name, p)
 	if err != nil {
 		return nil, err
 	}
@@ -353,7 +354,7 @@ func (e *Engine) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
 
 // PauseQueue pauses a queue (S-FC8).
 func (e *Engine) PauseQueue(ctx context.Context, name string) (*sluice.Queue, error) {
-	q, o, err := e.st.SetQueuePaused(ctx, e.now(), name, true)
+	q, o, err := e.st.SetQueuePaused(ctx, name, true)
 	if err != nil {
 		return nil, err
 	}
@@ -363,7 +364,7 @@ func (e *Engine) PauseQueue(ctx context.Context, name string) (*sluice.Queue, er
 
 // ResumeQueue resumes a queue.
 func (e *Engine) ResumeQueue(ctx context.Context, name string) (*sluice.Queue, error) {
-	q, o, err := e.st.SetQueuePaused(ctx, e.now(), name, false)
+	q, o, err := e.st.SetQueuePaused(ctx, name, false)
 	if err != nil {
 		return nil, err
 	}
@@ -392,8 +393,7 @@ func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerPara
 	if p.Name == "" {
 		p.Name = id
 	}
-	now := e.now()
-	err := e.st.RegisterWorker(ctx, now, store.Worker{ID: id, Name: p.Name, Kinds: p.Kinds, Slots: p.Slots, LeaseExpiresAt: now.Add(e.cfg.Lease)})
+	err := e.st.RegisterWorker(ctx, store.Worker{ID: id, Name: p.Name, Kinds: p.Kinds, Slots: p.Slots, Lease: e.cfg.Lease})
 	if err != nil {
 		return nil, err
 	}
@@ -424,8 +424,7 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 		woken := e.ready.wait()
 		freed := e.freedChan(cw)
 		start := time.Now()
-		now := e.now()
-		tasks, err := e.st.Claim(ctx, now, workerID, p.Max, now.Add(e.cfg.Lease))
+		tasks, err := e.st.Claim(ctx, workerID, p.Max, e.cfg.Lease)
 		if err != nil {
 			return nil, err
 		}
@@ -520,7 +519,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	if err := validate.Complete(&p); err != nil {
 		return nil, err
 	}
-	acks, o, err := e.st.Complete(ctx, e.now(), workerID, p.Results, e.cfg.Backoff)
+	acks, o, err := e.st.Complete(ctx, workerID, p.Results, e.cfg.Backoff)
 	if err != nil {
 		return nil, err
 	}
@@ -547,9 +546,10 @@ func (e *Engine) Heartbeat(ctx context.Context, workerID string, p sluice.Heartb
 	if err := validate.Heartbeat(&p); err != nil {
 		return nil, err
 	}
-	now := e.now()
-	until := now.Add(e.cfg.Lease)
-	lost, cancel, err := e.st.Heartbeat(ctx, now, workerID, p, until)
+	// The store extends the lease from its own reading of the clock, inside
+	// the transaction; this answer can only be earlier, so it is safe.
+	until := e.now().Add(e.cfg.Lease)
+	lost, cancel, err := e.st.Heartbeat(ctx, workerID, p, e.cfg.Lease)
 	if err != nil {
 		return nil, err
 	}
@@ -562,7 +562,7 @@ func (e *Engine) Release(ctx context.Context, workerID string, p sluice.ReleaseP
 	if err := validate.Release(&p); err != nil {
 		return err
 	}
-	o, err := e.st.Release(ctx, e.now(), workerID, p.TaskIDs)
+	o, err := e.st.Release(ctx, workerID, p.TaskIDs)
 	if err != nil {
 		return err
 	}
@@ -573,7 +573,7 @@ func (e *Engine) Release(ctx context.Context, workerID string, p sluice.ReleaseP
 // DeregisterWorker removes a worker; tasks it still holds go back to the
 // flow as failed attempts.
 func (e *Engine) DeregisterWorker(ctx context.Context, workerID string) error {
-	o, err := e.st.DeregisterWorker(ctx, e.now(), workerID, e.cfg.Backoff)
+	o, err := e.st.DeregisterWorker(ctx, workerID, e.cfg.Backoff)
 	if err != nil {
 		return err
 	}

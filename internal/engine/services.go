@@ -13,7 +13,7 @@ const sweepBatch = 500
 // of workers that died while the server was down come back at once, S-W6)
 // and starts the background services. Stop stops them.
 func (e *Engine) Start(ctx context.Context) error {
-	o, err := e.st.SetEnvLimit(ctx, e.now(), e.cfg.MaxRunning)
+	o, err := e.st.SetEnvLimit(ctx, e.cfg.MaxRunning)
 	if err != nil {
 		return err
 	}
@@ -68,7 +68,7 @@ func (e *Engine) loop(ctx context.Context, name string, fn func(context.Context)
 // past their dispatch deadline, in bounded batches.
 func (e *Engine) SweepOnce(ctx context.Context) error {
 	for {
-		n, o, err := e.st.SweepExpired(ctx, e.now(), sweepBatch, e.cfg.Backoff)
+		n, o, err := e.st.SweepExpired(ctx, sweepBatch, e.cfg.Backoff)
 		if err != nil {
 			return err
 		}
@@ -83,7 +83,7 @@ func (e *Engine) SweepOnce(ctx context.Context) error {
 		}
 	}
 	for {
-		n, o, err := e.st.ExpireDeadlines(ctx, e.now(), sweepBatch)
+		n, o, err := e.st.ExpireDeadlines(ctx, sweepBatch)
 		if err != nil {
 			return err
 		}
@@ -101,7 +101,7 @@ func (e *Engine) SweepOnce(ctx context.Context) error {
 // next one is due (zero if none).
 func (e *Engine) PromoteDueOnce(ctx context.Context) (time.Time, error) {
 	for {
-		n, next, o, err := e.st.PromoteDue(ctx, e.now(), sweepBatch)
+		n, next, o, err := e.st.PromoteDue(ctx, sweepBatch)
 		if err != nil {
 			return time.Time{}, err
 		}

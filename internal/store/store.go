@@ -66,7 +66,8 @@ type Worker struct {
 	FreeSlots       int
 	StartedAt       time.Time
 	LastHeartbeatAt time.Time
-	LeaseExpiresAt  time.Time
+	// Lease: the worker's lease runs until registration time + Lease.
+	Lease time.Duration
 }
 
 // Backoff returns the delay before attempt+1 after a failed attempt.
@@ -88,9 +89,14 @@ type EnvStatus struct {
 	Active     int
 }
 
-// Store is the storage interface. Times are passed in by the engine (which
-// owns the clock) so tests control them.
+// Store is the storage interface. A transaction reads the clock once it
+// holds its locks, so recorded times follow commit order (a claim that
+// waited for a completion's transaction never records a start before that
+// completion's finish).
 type Store interface {
+	// SetClock replaces the clock (time.Now by default); the engine passes
+	// its own so tests control time. Call it before any other method.
+	SetClock(now func() time.Time)
 	// Migrate applies pending migrations and returns their names.
 	Migrate(ctx context.Context) ([]string, error)
 	Close() error
@@ -101,7 +107,7 @@ type Store interface {
 	// admission ceiling, nothing is inserted and *sluice.AdmissionError is
 	// returned. A task whose idempotency key exists returns the existing
 	// task with Created false.
-	Enqueue(ctx context.Context, now time.Time, lim Limits, tasks []NewTask) ([]EnqueueResult, Outcome, error)
+	Enqueue(ctx context.Context, lim Limits, tasks []NewTask) ([]EnqueueResult, Outcome, error)
 	// GetTask returns a task with its attempts, or sluice.ErrNotFound.
 	GetTask(ctx context.Context, id int64) (*sluice.Task, error)
 	// ListTasks returns up to f.Limit+1 tasks newest first with id < after.
@@ -109,51 +115,51 @@ type Store interface {
 	// CancelTask cancels a waiting task at once; a running one gets
 	// cancel_requested and ends when its worker reports or its lease ends.
 	// A finished task is a conflict.
-	CancelTask(ctx context.Context, now time.Time, id int64) (*sluice.Task, Outcome, error)
+	CancelTask(ctx context.Context, id int64) (*sluice.Task, Outcome, error)
 
-	PutQueue(ctx context.Context, now time.Time, name string, p sluice.QueueParams) (*sluice.Queue, Outcome, error)
+	PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, Outcome, error)
 	GetQueue(ctx context.Context, name string) (*sluice.Queue, error)
 	ListQueues(ctx context.Context) ([]sluice.Queue, error)
 	// SetQueuePaused pauses (ready and queued tasks become paused, ready
 	// ones give back their slots) or resumes (paused tasks return to
 	// queued and are promoted as slots allow).
-	SetQueuePaused(ctx context.Context, now time.Time, name string, paused bool) (*sluice.Queue, Outcome, error)
+	SetQueuePaused(ctx context.Context, name string, paused bool) (*sluice.Queue, Outcome, error)
 
 	// SetEnvLimit sets the environment limit on running tasks (0 =
 	// unlimited) and refills if it rose.
-	SetEnvLimit(ctx context.Context, now time.Time, maxRunning int) (Outcome, error)
+	SetEnvLimit(ctx context.Context, maxRunning int) (Outcome, error)
 	EnvStatus(ctx context.Context) (EnvStatus, error)
 	SubqueueStatus(ctx context.Context, taskID int64) (*SubqueueStatus, error)
 	// KindHasWorker reports whether a live worker handles kind.
 	KindHasWorker(ctx context.Context, kind string) (bool, error)
 
-	RegisterWorker(ctx context.Context, now time.Time, w Worker) error
+	RegisterWorker(ctx context.Context, w Worker) error
 	ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error)
 	// Claim leases up to max ready tasks of the worker's kinds, never more
 	// than its free slots, best priority then fair rank first, and extends
-	// the worker's lease to leaseUntil.
-	Claim(ctx context.Context, now time.Time, workerID string, max int, leaseUntil time.Time) ([]sluice.ClaimedTask, error)
+	// the worker's lease to now + lease.
+	Claim(ctx context.Context, workerID string, max int, lease time.Duration) ([]sluice.ClaimedTask, error)
 	// Complete ends attempts. A result for an attempt the worker no longer
 	// holds is acknowledged "stale" and dropped.
-	Complete(ctx context.Context, now time.Time, workerID string, results []sluice.TaskResult, backoff Backoff) ([]sluice.ResultAck, Outcome, error)
+	Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff Backoff) ([]sluice.ResultAck, Outcome, error)
 	// Heartbeat extends the worker's lease and reports held tasks it lost
 	// and held tasks whose cancellation was requested.
-	Heartbeat(ctx context.Context, now time.Time, workerID string, p sluice.HeartbeatParams, leaseUntil time.Time) (lost, cancel []int64, err error)
+	Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error)
 	// Release hands tasks back unstarted; the attempt is not counted.
-	Release(ctx context.Context, now time.Time, workerID string, ids []int64) (Outcome, error)
+	Release(ctx context.Context, workerID string, ids []int64) (Outcome, error)
 	// DeregisterWorker removes a worker; tasks it still runs are treated
 	// as if its lease expired.
-	DeregisterWorker(ctx context.Context, now time.Time, workerID string, backoff Backoff) (Outcome, error)
+	DeregisterWorker(ctx context.Context, workerID string, backoff Backoff) (Outcome, error)
 
 	// PromoteDue moves up to limit scheduled tasks whose run_at has come to
 	// queued (or paused) and refills. next is the earliest remaining run_at
 	// (zero if none).
-	PromoteDue(ctx context.Context, now time.Time, limit int) (n int, next time.Time, o Outcome, err error)
+	PromoteDue(ctx context.Context, limit int) (n int, next time.Time, o Outcome, err error)
 	// SweepExpired ends the attempts of workers whose lease expired (then
 	// forgets those workers) and of attempts past their timeout.
-	SweepExpired(ctx context.Context, now time.Time, limit int, backoff Backoff) (n int, o Outcome, err error)
+	SweepExpired(ctx context.Context, limit int, backoff Backoff) (n int, o Outcome, err error)
 	// ExpireDeadlines fails tasks not started by their dispatch deadline.
-	ExpireDeadlines(ctx context.Context, now time.Time, limit int) (n int, o Outcome, err error)
+	ExpireDeadlines(ctx context.Context, limit int) (n int, o Outcome, err error)
 	// CheckCounters recomputes every slot counter from the tasks and
 	// returns a description of each mismatch (tests and `sluice doctor`).
 	CheckCounters(ctx context.Context) ([]string, error)

@@ -47,7 +47,7 @@ type queueRow struct {
 // commit.
 type txn struct {
 	ctx     context.Context
-	tx      *sql.Tx
+	tx      *wtx
 	now     int64
 	env     *envRow
 	sqs     map[int64]*sqRow
@@ -56,10 +56,10 @@ type txn struct {
 	readied int
 }
 
-func (s *Store) write(ctx context.Context, now time.Time, fn func(t *txn) error) (store.Outcome, error) {
+func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		t := &txn{ctx: ctx, tx: tx, now: us(now), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
+	err := s.tx(ctx, func(tx *wtx) error {
+		t := &txn{ctx: ctx, tx: tx, now: us(s.now()), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
 		if err := fn(t); err != nil {
 			return err
 		}
@@ -222,51 +222,90 @@ func (t *txn) flush() error {
 // fillBatch caps how many tasks one refill step promotes from a sub-queue.
 const fillBatch = 1000
 
+// fillScan is how many eligible sub-queues one refill step reads.
+const fillScan = 64
+
 // fill promotes queued tasks into free slots until no sub-queue that has
 // room has waiting tasks, or the environment is full. Sub-queues are served
 // round-robin (least recently served first), one task per turn while the
 // environment limit binds, so one tenant's backlog cannot starve another's.
 // It reads only eligible sub-queues (a partial index) and the heads of
 // their task lists, never the blocked backlog.
+//
+// Each step reads up to fillScan eligible sub-queues in round-robin order
+// and serves them in that order, which is the order one-at-a-time reads
+// would give: serving a sub-queue changes no other's eligibility or rr,
+// and moves its own rr past every other's.
 func (t *txn) fill() error {
 	if _, err := t.loadEnv(); err != nil {
 		return err
 	}
+	batch := make([]*sqRow, 0, fillScan)
 	for t.env.hasRoom() {
-		sq, err := scanSQ(t.tx.QueryRowContext(t.ctx, `SELECT `+sqCols+` FROM subqueues
-			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) ORDER BY rr LIMIT 1`))
-		if err == sql.ErrNoRows {
-			break
-		}
+		batch = batch[:0]
+		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+sqCols+` FROM subqueues
+			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) ORDER BY rr LIMIT ?`, fillScan)
 		if err != nil {
 			return fmt.Errorf("refill: %w", err)
 		}
-		if c, ok := t.sqs[sq.id]; ok { // keep one copy per transaction
-			sq = c
-		} else {
-			t.cacheSQ(sq)
+		for rows.Next() {
+			sq, err := scanSQ(rows)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("refill: %w", err)
+			}
+			batch = append(batch, sq)
 		}
-		n := min(sq.queued, fillBatch)
-		if sq.lim.Valid {
-			n = min(n, sq.lim.Int64-sq.running)
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("refill: %w", err)
 		}
-		if t.env.maxRunning > 0 {
-			n = 1
+		if len(batch) == 0 {
+			break
 		}
-		rank := t.take(sq, n)
-		res, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ? WHERE id IN (
-			SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?)`, rank, sq.id, n)
-		if err != nil {
-			return fmt.Errorf("refill: promoting: %w", err)
+		for _, sq := range batch {
+			if !t.env.hasRoom() {
+				break
+			}
+			// Keep one copy per transaction. The counters were flushed
+			// before the read, so a cached copy holds the same values.
+			if c, ok := t.sqs[sq.id]; ok {
+				sq = c
+			} else {
+				t.cacheSQ(sq)
+			}
+			if err := t.promote(sq); err != nil {
+				return err
+			}
 		}
-		if got, _ := res.RowsAffected(); got != n {
-			return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step", sq.id, sq.queue, sq.ckey, sq.queued, got)
-		}
-		sq.queued -= n
 		if err := t.flush(); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// promote moves the head of an eligible sub-queue's wait list to ready:
+// as many tasks as its limit allows, one while the environment limit
+// binds.
+func (t *txn) promote(sq *sqRow) error {
+	n := min(sq.queued, fillBatch)
+	if sq.lim.Valid {
+		n = min(n, sq.lim.Int64-sq.running)
+	}
+	if t.env.maxRunning > 0 {
+		n = 1
+	}
+	rank := t.take(sq, n)
+	res, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ? WHERE id IN (
+		SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?)`, rank, sq.id, n)
+	if err != nil {
+		return fmt.Errorf("refill: promoting: %w", err)
+	}
+	if got, _ := res.RowsAffected(); got != n {
+		return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step", sq.id, sq.queue, sq.ckey, sq.queued, got)
+	}
+	sq.queued -= n
 	return nil
 }
 
@@ -307,6 +346,48 @@ type outcome struct {
 	noRetry    bool
 	retryAfter time.Duration // < 0: retry at once; 0: use backoff
 	backoff    store.Backoff
+}
+
+// succeed ends a running attempt that succeeded, as endAttempt does for
+// an ok outcome, with one UPDATE … RETURNING instead of a read and then a
+// write: it is the path of almost every task. It reports false when the
+// attempt is no longer the worker's (stale).
+func (t *txn) succeed(workerID string, r sluice.TaskResult) (bool, error) {
+	output := []byte(r.Output)
+	if len(output) == 0 {
+		output = []byte("null")
+	}
+	var (
+		sqID, startedAt int64
+		queue           string
+	)
+	err := t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'succeeded', output = ?, error = '', finished_at = ?, worker_id = NULL, timeout_at = NULL
+		WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ? RETURNING sq, queue, started_at`,
+		output, t.now, r.TaskID, workerID, r.Attempt).Scan(&sqID, &queue, &startedAt)
+	if err == sql.ErrNoRows {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if _, err := t.loadEnv(); err != nil {
+		return false, err
+	}
+	sq, err := t.subqueue(sqID)
+	if err != nil {
+		return false, err
+	}
+	q, err := t.queue(queue, false)
+	if err != nil {
+		return false, err
+	}
+	t.release(sq)
+	t.finish(q)
+	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, '')`,
+		r.TaskID, r.Attempt, workerID, startedAt, t.now, sluice.StateSucceeded); err != nil {
+		return false, fmt.Errorf("recording attempt: %w", err)
+	}
+	return true, nil
 }
 
 // endAttempt records the attempt, moves the task on (succeeded, failed,

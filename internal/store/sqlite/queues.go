@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
@@ -20,8 +19,8 @@ func nullInt(p *int) any {
 // PutQueue creates or reconfigures a queue. A raised limit is filled at
 // once; a lowered one lets running tasks finish and promotes nothing until
 // the sub-queue is below it.
-func (s *Store) PutQueue(ctx context.Context, now time.Time, name string, p sluice.QueueParams) (*sluice.Queue, store.Outcome, error) {
-	o, err := s.write(ctx, now, func(t *txn) error {
+func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
 		if _, err := t.exec(`INSERT INTO queues (name, concurrency_limit, max_backlog, created_at, updated_at) VALUES (?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog, updated_at = excluded.updated_at`,
 			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), t.now, t.now); err != nil {
@@ -129,8 +128,8 @@ func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).
-func (s *Store) SetQueuePaused(ctx context.Context, now time.Time, name string, paused bool) (*sluice.Queue, store.Outcome, error) {
-	o, err := s.write(ctx, now, func(t *txn) error {
+func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*sluice.Queue, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
 		q, err := t.queue(name, false)
 		if err != nil {
 			return err
@@ -201,8 +200,8 @@ func (t *txn) resumeTasks(name string) error {
 }
 
 // SetEnvLimit sets the environment limit on running tasks.
-func (s *Store) SetEnvLimit(ctx context.Context, now time.Time, maxRunning int) (store.Outcome, error) {
-	return s.write(ctx, now, func(t *txn) error {
+func (s *Store) SetEnvLimit(ctx context.Context, maxRunning int) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
 		_, err := t.exec(`UPDATE env SET max_running = ? WHERE id = 1`, maxRunning)
 		return err
 	})

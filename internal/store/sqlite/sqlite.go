@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // driver "sqlite"
@@ -27,6 +29,13 @@ var migrations embed.FS
 type Store struct {
 	w *sql.DB // the single writer connection
 	r *sql.DB // readers
+
+	clock atomic.Pointer[func() time.Time]
+
+	stmtMu      sync.Mutex
+	stmts       map[string]*sql.Stmt // on w; nil while pending (stmtcache.go)
+	pending     []string
+	stmtsClosed bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -70,7 +79,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.SetMaxOpenConns(1)
 		db.SetConnMaxLifetime(0)
 		db.SetConnMaxIdleTime(0)
-		return &Store{w: db, r: db}, nil
+		return &Store{w: db, r: db, stmts: map[string]*sql.Stmt{}}, nil
 	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&" + pragmas
 	w, err := sql.Open("sqlite", dsn+"&_txlock=immediate")
@@ -92,11 +101,24 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	return &Store{w: w, r: r}, nil
+	return &Store{w: w, r: r, stmts: map[string]*sql.Stmt{}}, nil
+}
+
+// SetClock replaces the clock; see store.Store.
+func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
+
+// now reads the clock. Write transactions call it after BEGIN IMMEDIATE,
+// once they hold the write lock.
+func (s *Store) now() time.Time {
+	if c := s.clock.Load(); c != nil {
+		return (*c)()
+	}
+	return time.Now()
 }
 
 // Close closes the database.
 func (s *Store) Close() error {
+	s.closeStmts()
 	err := s.w.Close()
 	if s.r != s.w {
 		err = errors.Join(err, s.r.Close())
@@ -142,8 +164,8 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 			if err != nil {
 				return applied, err
 			}
-			err = s.tx(ctx, func(tx *sql.Tx) error {
-				if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+			err = s.tx(ctx, func(tx *wtx) error {
+				if _, err := tx.Tx.ExecContext(ctx, string(body)); err != nil {
 					return err
 				}
 				_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)`, name, time.Now().UnixMicro())
@@ -162,12 +184,13 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 }
 
 // tx runs fn in a write transaction (BEGIN IMMEDIATE).
-func (s *Store) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (s *Store) tx(ctx context.Context, fn func(tx *wtx) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	if err := fn(tx); err != nil {
+	defer s.preparePending(ctx)
+	if err := fn(&wtx{Tx: tx, s: s}); err != nil {
 		_ = tx.Rollback()
 		return err
 	}

@@ -12,10 +12,10 @@ import (
 
 // PromoteDue moves scheduled tasks whose time has come into their
 // sub-queues; see store.Store.
-func (s *Store) PromoteDue(ctx context.Context, now time.Time, limit int) (int, time.Time, store.Outcome, error) {
+func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, store.Outcome, error) {
 	var n int
 	var next time.Time
-	o, err := s.write(ctx, now, func(t *txn) error {
+	o, err := s.write(ctx, func(t *txn) error {
 		n, next = 0, time.Time{}
 		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue FROM tasks WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
 		if err != nil {
@@ -71,9 +71,9 @@ func (s *Store) PromoteDue(ctx context.Context, now time.Time, limit int) (int, 
 
 // SweepExpired recovers the tasks of workers whose lease expired and ends
 // attempts past their timeout (S-W6, S-LC3).
-func (s *Store) SweepExpired(ctx context.Context, now time.Time, limit int, backoff store.Backoff) (int, store.Outcome, error) {
+func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backoff) (int, store.Outcome, error) {
 	var n int
-	o, err := s.write(ctx, now, func(t *txn) error {
+	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
 		rows, err := t.tx.QueryContext(ctx, `SELECT id FROM workers WHERE lease_expires_at < ? LIMIT ?`, t.now, limit)
 		if err != nil {
@@ -136,9 +136,9 @@ func (s *Store) SweepExpired(ctx context.Context, now time.Time, limit int, back
 
 // ExpireDeadlines fails tasks not started by their dispatch deadline
 // (S-LC4) with an error starting "capacity:".
-func (s *Store) ExpireDeadlines(ctx context.Context, now time.Time, limit int) (int, store.Outcome, error) {
+func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outcome, error) {
 	var n int
-	o, err := s.write(ctx, now, func(t *txn) error {
+	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
 		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt FROM tasks
 			WHERE dispatch_deadline_at IS NOT NULL AND state IN ('scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= ?

@@ -16,9 +16,9 @@ import (
 const admissionRetryAfter = time.Second
 
 // Enqueue inserts tasks in one transaction; see store.Store.
-func (s *Store) Enqueue(ctx context.Context, now time.Time, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error) {
+func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error) {
 	results := make([]store.EnqueueResult, len(tasks))
-	o, err := s.write(ctx, now, func(t *txn) error {
+	o, err := s.write(ctx, func(t *txn) error {
 		if _, err := t.loadEnv(); err != nil {
 			return err
 		}
@@ -295,8 +295,8 @@ func (s *Store) ListTasks(ctx context.Context, f sluice.TaskFilter, afterID int6
 }
 
 // CancelTask cancels a task; see store.Store.
-func (s *Store) CancelTask(ctx context.Context, now time.Time, id int64) (*sluice.Task, store.Outcome, error) {
-	o, err := s.write(ctx, now, func(t *txn) error {
+func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
 		var (
 			state sluice.TaskState
 			sqID  int64

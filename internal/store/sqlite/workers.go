@@ -14,11 +14,12 @@ import (
 )
 
 // RegisterWorker records a worker and the kinds it handles.
-func (s *Store) RegisterWorker(ctx context.Context, now time.Time, w store.Worker) error {
+func (s *Store) RegisterWorker(ctx context.Context, w store.Worker) error {
 	kinds, _ := json.Marshal(w.Kinds)
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *wtx) error {
+		now := s.now()
 		if _, err := tx.ExecContext(ctx, `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, w.ID, w.Name, string(kinds), w.Slots, w.Slots, us(now), us(now), us(w.LeaseExpiresAt)); err != nil {
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, w.ID, w.Name, string(kinds), w.Slots, w.Slots, us(now), us(now), us(now.Add(w.Lease))); err != nil {
 			return fmt.Errorf("registering worker: %w", err)
 		}
 		for _, k := range w.Kinds {
@@ -74,10 +75,12 @@ type candidate struct {
 const claimChunk = 500
 
 // Claim leases ready tasks to a worker; see store.Store.
-func (s *Store) Claim(ctx context.Context, now time.Time, workerID string, limit int, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
+func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *wtx) error {
 		out = out[:0]
+		now := s.now()
+		leaseUntil := now.Add(lease)
 		var slots int
 		var kindsJSON string
 		err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds`, us(leaseUntil), workerID).Scan(&slots, &kindsJSON)
@@ -188,11 +191,21 @@ func (s *Store) Claim(ctx context.Context, now time.Time, workerID string, limit
 }
 
 // Complete ends attempts reported by a worker; see store.Store.
-func (s *Store) Complete(ctx context.Context, now time.Time, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
+func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
 	acks := make([]sluice.ResultAck, len(results))
-	o, err := s.write(ctx, now, func(t *txn) error {
+	o, err := s.write(ctx, func(t *txn) error {
 		for i, r := range results {
 			acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+			if r.Error == "" {
+				ok, err := t.succeed(workerID, r)
+				if err != nil {
+					return fmt.Errorf("complete task %d: %w", r.TaskID, err)
+				}
+				if ok {
+					acks[i].Status = "ok"
+				}
+				continue
+			}
 			rt, err := scanRunning(t.tx.QueryRowContext(ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ?`,
 				r.TaskID, workerID, r.Attempt))
 			if err == sql.ErrNoRows {
@@ -219,9 +232,11 @@ func (s *Store) Complete(ctx context.Context, now time.Time, workerID string, re
 }
 
 // Heartbeat extends a worker's lease; see store.Store.
-func (s *Store) Heartbeat(ctx context.Context, now time.Time, workerID string, p sluice.HeartbeatParams, leaseUntil time.Time) (lost, cancel []int64, err error) {
-	err = s.tx(ctx, func(tx *sql.Tx) error {
+func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error) {
+	err = s.tx(ctx, func(tx *wtx) error {
 		lost, cancel = nil, nil
+		now := s.now()
+		leaseUntil := now.Add(lease)
 		res, err := tx.ExecContext(ctx, `UPDATE workers SET lease_expires_at = ?, last_heartbeat_at = ?, free_slots = ? WHERE id = ?`,
 			us(leaseUntil), us(now), p.FreeSlots, workerID)
 		if err != nil {
@@ -260,8 +275,8 @@ func (s *Store) Heartbeat(ctx context.Context, now time.Time, workerID string, p
 // Release hands claimed tasks back unstarted: they keep their slots and
 // are ready again (or paused, giving the slot back, if their queue was
 // paused meanwhile), and the attempt is not counted.
-func (s *Store) Release(ctx context.Context, now time.Time, workerID string, ids []int64) (store.Outcome, error) {
-	return s.write(ctx, now, func(t *txn) error {
+func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
 		if _, err := t.loadEnv(); err != nil {
 			return err
 		}
@@ -299,8 +314,8 @@ func (s *Store) Release(ctx context.Context, now time.Time, workerID string, ids
 }
 
 // DeregisterWorker removes a worker; see store.Store.
-func (s *Store) DeregisterWorker(ctx context.Context, now time.Time, workerID string, backoff store.Backoff) (store.Outcome, error) {
-	return s.write(ctx, now, func(t *txn) error {
+func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff store.Backoff) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
 		res, err := t.exec(`DELETE FROM workers WHERE id = ?`, workerID)
 		if err != nil {
 			return err

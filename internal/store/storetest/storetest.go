@@ -40,7 +40,9 @@ type h struct {
 
 func newH(t *testing.T, ns NewStore) *h {
 	t.Parallel()
-	return &h{t: t, st: ns(t), ctx: context.Background(), now: t0}
+	x := &h{t: t, st: ns(t), ctx: context.Background(), now: t0}
+	x.st.SetClock(func() time.Time { return x.now })
+	return x
 }
 
 func (h *h) tick(d time.Duration) { h.now = h.now.Add(d) }
@@ -55,7 +57,7 @@ func (h *h) enqueue(nts ...store.NewTask) []*sluice.Task {
 			nts[i].MaxAttempts = 3
 		}
 	}
-	res, _, err := h.st.Enqueue(h.ctx, h.now, store.Limits{}, nts)
+	res, _, err := h.st.Enqueue(h.ctx, store.Limits{}, nts)
 	require.NoError(h.t, err)
 	out := make([]*sluice.Task, len(res))
 	for i, r := range res {
@@ -66,19 +68,19 @@ func (h *h) enqueue(nts ...store.NewTask) []*sluice.Task {
 
 func (h *h) worker(id string, slots int, kinds ...string) {
 	h.t.Helper()
-	require.NoError(h.t, h.st.RegisterWorker(h.ctx, h.now, store.Worker{ID: id, Name: id, Kinds: kinds, Slots: slots, LeaseExpiresAt: h.now.Add(30 * time.Second)}))
+	require.NoError(h.t, h.st.RegisterWorker(h.ctx, store.Worker{ID: id, Name: id, Kinds: kinds, Slots: slots, Lease: 30 * time.Second}))
 }
 
 func (h *h) claim(worker string, n int) []sluice.ClaimedTask {
 	h.t.Helper()
-	got, err := h.st.Claim(h.ctx, h.now, worker, n, h.now.Add(30*time.Second))
+	got, err := h.st.Claim(h.ctx, worker, n, 30*time.Second)
 	require.NoError(h.t, err)
 	return got
 }
 
 func (h *h) complete(worker string, rs ...sluice.TaskResult) []sluice.ResultAck {
 	h.t.Helper()
-	acks, _, err := h.st.Complete(h.ctx, h.now, worker, rs, noBackoff)
+	acks, _, err := h.st.Complete(h.ctx, worker, rs, noBackoff)
 	require.NoError(h.t, err)
 	return acks
 }
@@ -211,7 +213,7 @@ func testLifecycle(t *testing.T, ns NewStore) {
 
 func testQueueLimit(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 5 {
@@ -241,7 +243,7 @@ func testQueueLimit(t *testing.T, ns NewStore) {
 
 func testKeyLimits(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for i := range 3 {
@@ -269,7 +271,7 @@ func testKeyLimits(t *testing.T, ns NewStore) {
 
 func testEnvLimit(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, err := h.st.SetEnvLimit(h.ctx, h.now, 3)
+	_, err := h.st.SetEnvLimit(h.ctx, 3)
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for _, q := range []string{"a", "b"} {
@@ -290,7 +292,7 @@ func testEnvLimit(t *testing.T, ns NewStore) {
 	c2 := h.claim("w", 100)
 	require.Len(t, c2, 2)
 	// Raising the limit refills at once.
-	o, err := h.st.SetEnvLimit(h.ctx, h.now, 0)
+	o, err := h.st.SetEnvLimit(h.ctx, 0)
 	require.NoError(t, err)
 	require.Equal(t, 3, o.Readied)
 	require.Len(t, h.claim("w", 100), 3)
@@ -301,7 +303,7 @@ func testEnvLimit(t *testing.T, ns NewStore) {
 // sub-queues: a big backlog cannot starve a small one.
 func testEnvRoundRobin(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, err := h.st.SetEnvLimit(h.ctx, h.now, 1)
+	_, err := h.st.SetEnvLimit(h.ctx, 1)
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 10 {
@@ -324,7 +326,7 @@ func testEnvRoundRobin(t *testing.T, ns NewStore) {
 
 func testPriorityFIFO(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	blocker := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	tasks := h.enqueue(
@@ -380,18 +382,18 @@ func testWorkerSlots(t *testing.T, ns NewStore) {
 	require.Empty(t, h.claim("w", 100), "no free slots, no claim")
 	h.complete("w", ok(c[0]))
 	require.Len(t, h.claim("w", 100), 1)
-	_, err := h.st.Claim(h.ctx, h.now, "nobody", 1, h.now)
+	_, err := h.st.Claim(h.ctx, "nobody", 1, time.Second)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
 }
 
 func testRetryReleasesSlot(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	h.worker("w", 10, "k")
 	c := h.claim("w", 10)
-	acks, _, err := h.st.Complete(h.ctx, h.now, "w", []sluice.TaskResult{fail(c[0], "boom")}, fixedBackoff(time.Minute))
+	acks, _, err := h.st.Complete(h.ctx, "w", []sluice.TaskResult{fail(c[0], "boom")}, fixedBackoff(time.Minute))
 	require.NoError(t, err)
 	require.Equal(t, "ok", acks[0].Status)
 	got := h.get(tasks[0].ID)
@@ -404,7 +406,7 @@ func testRetryReleasesSlot(t *testing.T, ns NewStore) {
 	c2 := h.claim("w", 10)
 	require.Equal(t, []int64{tasks[1].ID}, ids(c2))
 	h.tick(time.Minute)
-	n, _, _, err := h.st.PromoteDue(h.ctx, h.now, 100)
+	n, _, _, err := h.st.PromoteDue(h.ctx, 100)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, sluice.StateQueued, h.state(tasks[0].ID), "waits for the key again")
@@ -459,26 +461,26 @@ func testStale(t *testing.T, ns NewStore) {
 func testAdmission(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
 	lim := store.Limits{MaxActive: 3}
-	_, _, err := h.st.Enqueue(h.ctx, h.now, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}, {Kind: "k", Queue: "k", MaxAttempts: 1}})
+	_, _, err := h.st.Enqueue(h.ctx, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}, {Kind: "k", Queue: "k", MaxAttempts: 1}})
 	require.NoError(t, err)
-	_, _, err = h.st.Enqueue(h.ctx, h.now, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}, {Kind: "k", Queue: "k", MaxAttempts: 1}})
+	_, _, err = h.st.Enqueue(h.ctx, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}, {Kind: "k", Queue: "k", MaxAttempts: 1}})
 	ae, ok := sluice.IsAdmission(err)
 	require.True(t, ok, "got %v", err)
 	require.Positive(t, ae.RetryAfter)
 	page, err := h.st.ListTasks(h.ctx, sluice.TaskFilter{Limit: 100}, 0)
 	require.NoError(t, err)
 	require.Len(t, page, 2, "rejected whole: nothing created")
-	_, _, err = h.st.Enqueue(h.ctx, h.now, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}})
+	_, _, err = h.st.Enqueue(h.ctx, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}})
 	require.NoError(t, err)
 	h.counters()
 }
 
 func testQueueBacklog(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{MaxBacklog: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{MaxBacklog: intp(2)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	_, _, err = h.st.Enqueue(h.ctx, h.now, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "q", MaxAttempts: 1}})
+	_, _, err = h.st.Enqueue(h.ctx, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "q", MaxAttempts: 1}})
 	ae, ok := sluice.IsAdmission(err)
 	require.True(t, ok, "got %v", err)
 	require.Contains(t, ae.Ceiling, `queue "q"`)
@@ -489,11 +491,11 @@ func testQueueBacklog(t *testing.T, ns NewStore) {
 func testIdempotency(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
 	a := h.enqueue(store.NewTask{Kind: "k", IdempotencyKey: "abc"})[0]
-	res, _, err := h.st.Enqueue(h.ctx, h.now, store.Limits{MaxActive: 1}, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "abc"}})
+	res, _, err := h.st.Enqueue(h.ctx, store.Limits{MaxActive: 1}, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "abc"}})
 	require.NoError(t, err, "an idempotent replay is never rejected by admission")
 	require.False(t, res[0].Created)
 	require.Equal(t, a.ID, res[0].Task.ID)
-	res, _, err = h.st.Enqueue(h.ctx, h.now, store.Limits{}, []store.NewTask{
+	res, _, err = h.st.Enqueue(h.ctx, store.Limits{}, []store.NewTask{
 		{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "x"},
 		{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "x"}})
 	require.NoError(t, err)
@@ -505,7 +507,7 @@ func testIdempotency(t *testing.T, ns NewStore) {
 
 func testPauseResume(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 5 {
@@ -514,7 +516,7 @@ func testPauseResume(t *testing.T, ns NewStore) {
 	tasks := h.enqueue(nts...)
 	h.worker("w", 10, "k")
 	c := h.claim("w", 1) // one running, one ready, three queued
-	q, _, err := h.st.SetQueuePaused(h.ctx, h.now, "q", true)
+	q, _, err := h.st.SetQueuePaused(h.ctx, "q", true)
 	require.NoError(t, err)
 	require.True(t, q.Paused)
 	require.Equal(t, sluice.StateRunning, h.state(tasks[0].ID), "running tasks finish")
@@ -530,25 +532,25 @@ func testPauseResume(t *testing.T, ns NewStore) {
 	late := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	require.Equal(t, sluice.StatePaused, late.State)
 	h.counters()
-	_, _, err = h.st.SetQueuePaused(h.ctx, h.now, "q", false)
+	_, _, err = h.st.SetQueuePaused(h.ctx, "q", false)
 	require.NoError(t, err)
 	c2 := h.claim("w", 10)
 	require.Equal(t, taskIDs(tasks[1:3]), ids(c2), "resume restores order and the limit")
 	h.counters()
-	_, _, err = h.st.SetQueuePaused(h.ctx, h.now, "nope", true)
+	_, _, err = h.st.SetQueuePaused(h.ctx, "nope", true)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
 }
 
 func testRaiseLimit(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	_, o, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(3)})
+	_, o, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(3)})
 	require.NoError(t, err)
 	require.Equal(t, 2, o.Readied)
 	h.counters()
-	_, _, err = h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err = h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
 	q, err := h.st.GetQueue(h.ctx, "q")
@@ -559,26 +561,26 @@ func testRaiseLimit(t *testing.T, ns NewStore) {
 
 func testCancel(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	h.worker("w", 10, "k")
 	c := h.claim("w", 10)
-	got, _, err := h.st.CancelTask(h.ctx, h.now, tasks[1].ID)
+	got, _, err := h.st.CancelTask(h.ctx, tasks[1].ID)
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateCancelled, got.State)
 	h.counters()
-	got, _, err = h.st.CancelTask(h.ctx, h.now, tasks[0].ID)
+	got, _, err = h.st.CancelTask(h.ctx, tasks[0].ID)
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateRunning, got.State, "running: asked, holds its slot")
 	require.True(t, got.CancelRequested)
-	_, cancel, err := h.st.Heartbeat(h.ctx, h.now, "w", sluice.HeartbeatParams{Held: ids(c)}, h.now.Add(time.Minute))
+	_, cancel, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: ids(c)}, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, ids(c), cancel)
 	h.complete("w", fail(c[0], "cancelled"))
 	require.Equal(t, sluice.StateCancelled, h.state(tasks[0].ID))
 	require.Equal(t, sluice.StateReady, h.state(tasks[2].ID))
-	_, _, err = h.st.CancelTask(h.ctx, h.now, tasks[0].ID)
+	_, _, err = h.st.CancelTask(h.ctx, tasks[0].ID)
 	require.True(t, errors.Is(err, sluice.ErrConflict))
 	h.counters()
 }
@@ -588,7 +590,7 @@ func testRelease(t *testing.T, ns NewStore) {
 	tasks := h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
 	h.worker("w", 10, "k")
 	c := h.claim("w", 10)
-	_, err := h.st.Release(h.ctx, h.now, "w", ids(c))
+	_, err := h.st.Release(h.ctx, "w", ids(c))
 	require.NoError(t, err)
 	got := h.get(tasks[0].ID)
 	require.Equal(t, sluice.StateReady, got.State)
@@ -601,17 +603,17 @@ func testRelease(t *testing.T, ns NewStore) {
 
 func testLeaseExpiry(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 2}, store.NewTask{Kind: "k", Queue: "q"})
 	h.worker("dead", 10, "k")
 	c := h.claim("dead", 10)
 	require.Len(t, c, 1)
-	n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	require.Zero(t, n, "lease not yet expired")
 	h.tick(31 * time.Second)
-	n, o, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	n, o, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, o.Readied)
@@ -625,7 +627,7 @@ func testLeaseExpiry(t *testing.T, ns NewStore) {
 	ws, err := h.st.ListWorkers(h.ctx)
 	require.NoError(t, err)
 	require.Len(t, ws, 1, "the dead worker is forgotten")
-	_, _, err = h.st.Heartbeat(h.ctx, h.now, "dead", sluice.HeartbeatParams{}, h.now)
+	_, _, err = h.st.Heartbeat(h.ctx, "dead", sluice.HeartbeatParams{}, time.Second)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
 	h.counters()
 }
@@ -637,10 +639,10 @@ func testHeartbeat(t *testing.T, ns NewStore) {
 	c := h.claim("w", 10)
 	for range 5 {
 		h.tick(20 * time.Second)
-		lost, _, err := h.st.Heartbeat(h.ctx, h.now, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242)}, h.now.Add(30*time.Second))
+		lost, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242)}, 30*time.Second)
 		require.NoError(t, err)
 		require.Equal(t, []int64{424242}, lost)
-		n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+		n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
 		require.NoError(t, err)
 		require.Zero(t, n)
 	}
@@ -657,11 +659,11 @@ func testTimeout(t *testing.T, ns NewStore) {
 	h.worker("w", 10, "k")
 	h.claim("w", 10)
 	h.tick(4 * time.Second)
-	n, _, err := h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	require.Zero(t, n)
 	h.tick(3 * time.Second) // past the timeout and the store's grace
-	n, _, err = h.st.SweepExpired(h.ctx, h.now, 100, noBackoff)
+	n, _, err = h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	got := h.get(task.ID)
@@ -672,13 +674,13 @@ func testTimeout(t *testing.T, ns NewStore) {
 
 func testDeadline(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second}, store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second})
 	h.tick(2 * time.Second)
 	h.worker("w", 10, "k")
 	require.Empty(t, h.claim("w", 10), "past its deadline: not started")
-	n, _, err := h.st.ExpireDeadlines(h.ctx, h.now, 100)
+	n, _, err := h.st.ExpireDeadlines(h.ctx, 100)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	for _, task := range tasks {
@@ -695,12 +697,12 @@ func testScheduled(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.StateScheduled, task.State)
 	h.worker("w", 10, "k")
 	require.Empty(t, h.claim("w", 10))
-	n, next, _, err := h.st.PromoteDue(h.ctx, h.now, 100)
+	n, next, _, err := h.st.PromoteDue(h.ctx, 100)
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.Equal(t, t0.Add(time.Minute), next)
 	h.tick(time.Minute)
-	n, next, o, err := h.st.PromoteDue(h.ctx, h.now, 100)
+	n, next, o, err := h.st.PromoteDue(h.ctx, 100)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, o.Readied)
@@ -742,7 +744,7 @@ func testList(t *testing.T, ns NewStore) {
 
 func testQueues(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	q, _, err := h.st.PutQueue(h.ctx, h.now, "email", sluice.QueueParams{ConcurrencyLimit: intp(5), MaxBacklog: intp(100)})
+	q, _, err := h.st.PutQueue(h.ctx, "email", sluice.QueueParams{ConcurrencyLimit: intp(5), MaxBacklog: intp(100)})
 	require.NoError(t, err)
 	require.Equal(t, 5, *q.ConcurrencyLimit)
 	require.Equal(t, 100, *q.MaxBacklog)
@@ -759,7 +761,7 @@ func testQueues(t *testing.T, ns NewStore) {
 	require.Nil(t, qs[1].ConcurrencyLimit)
 	_, err = h.st.GetQueue(h.ctx, "missing")
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
-	q, _, err = h.st.PutQueue(h.ctx, h.now, "email", sluice.QueueParams{})
+	q, _, err = h.st.PutQueue(h.ctx, "email", sluice.QueueParams{})
 	require.NoError(t, err)
 	require.Nil(t, q.ConcurrencyLimit, "null means unbounded")
 }
@@ -768,7 +770,7 @@ func testQueues(t *testing.T, ns NewStore) {
 // limit holds.
 func testConcurrentCompletions(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, h.now, "q", sluice.QueueParams{ConcurrencyLimit: intp(4)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(4)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for i := range 120 {
@@ -785,7 +787,7 @@ func testConcurrentCompletions(t *testing.T, ns NewStore) {
 		go func() {
 			defer wg.Done()
 			for range 400 {
-				c, err := h.st.Claim(h.ctx, h.now, id, 5, h.now.Add(time.Minute))
+				c, err := h.st.Claim(h.ctx, id, 5, time.Minute)
 				if !assertNoErr(t, err) {
 					return
 				}
@@ -802,7 +804,7 @@ func testConcurrentCompletions(t *testing.T, ns NewStore) {
 				for _, x := range c {
 					rs = append(rs, ok(x))
 				}
-				acks, _, err := h.st.Complete(h.ctx, h.now, id, rs, noBackoff)
+				acks, _, err := h.st.Complete(h.ctx, id, rs, noBackoff)
 				if !assertNoErr(t, err) {
 					return
 				}
@@ -837,7 +839,7 @@ func testDeregister(t *testing.T, ns NewStore) {
 	task := h.enqueue(store.NewTask{Kind: "k"})[0]
 	h.worker("w", 10, "k")
 	h.claim("w", 10)
-	_, err := h.st.DeregisterWorker(h.ctx, h.now, "w", noBackoff)
+	_, err := h.st.DeregisterWorker(h.ctx, "w", noBackoff)
 	require.NoError(t, err)
 	got := h.get(task.ID)
 	require.Equal(t, sluice.StateReady, got.State)

@@ -1,0 +1,256 @@
+package ledger_test
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/server"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testLogger discards logs unless SLUICE_TEST_LOG is set, so failures stay
+// readable; set it to see what the server and workers did.
+func testLogger() *slog.Logger {
+	if os.Getenv("SLUICE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// harness is an in-process server on a temporary SQLite file, optionally
+// also serving HTTP on a loopback port.
+type harness struct {
+	t   *testing.T
+	ctx context.Context
+	cfg server.Config
+	srv *server.Server
+	b   sluice.Backend // in-process
+	url string         // set by serveHTTP
+}
+
+// newHarness opens and starts a server. Closing happens in t.Cleanup,
+// after every worker started with runWorker has stopped.
+func newHarness(t *testing.T, cfg server.Config) *harness {
+	t.Helper()
+	ctx := t.Context()
+	cfg.DB = "sqlite:" + filepath.Join(t.TempDir(), "sluice.db")
+	// Tokens, not AuthDisabled: other test processes on this machine may
+	// reach a loopback port this server reuses.
+	cfg.AdminToken, cfg.WorkerToken = "admin-"+rand.Text(), "worker-"+rand.Text()
+	cfg.Logger = testLogger()
+	srv, err := server.Open(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, srv.Close(cctx))
+	})
+	require.NoError(t, srv.Start(ctx))
+	return &harness{t: t, ctx: ctx, cfg: cfg, srv: srv, b: srv.Backend()}
+}
+
+// serveHTTP serves the API on 127.0.0.1:0 until the test ends and returns
+// an admin client and a worker client for it.
+func (h *harness) serveHTTP() (admin, worker *sluice.Client) {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- h.srv.ListenAndServe(ctx, ready) }()
+	select {
+	case h.url = <-ready:
+	case err := <-done:
+		cancel()
+		h.t.Fatalf("serving HTTP: %v", err)
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	h.t.Cleanup(func() {
+		cancel()
+		require.NoError(h.t, <-done)
+		tr.CloseIdleConnections()
+	})
+	hc := &http.Client{Transport: tr}
+	return sluice.NewClient(h.url, sluice.WithHTTPClient(hc), sluice.WithToken(h.cfg.AdminToken)),
+		sluice.NewClient(h.url, sluice.WithHTTPClient(hc), sluice.WithToken(h.cfg.WorkerToken))
+}
+
+// runWorker runs w until stop is called or the test's cleanup does. stop
+// cancels Run's context and waits for Run to return; it may be called more
+// than once.
+func (h *harness) runWorker(w *sluice.Worker) (stop func()) {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					h.t.Errorf("worker %s: Run: %v", w.ID(), err)
+				}
+			case <-time.After(30 * time.Second):
+				h.t.Errorf("worker %s did not stop within 30s", w.ID())
+			}
+		})
+	}
+	h.t.Cleanup(stop)
+	// Wait for registration so that w.ID() is known to the caller.
+	require.Eventually(h.t, func() bool { return w.ID() != "" }, 10*time.Second, time.Millisecond, "worker did not register")
+	return stop
+}
+
+func workerConfig(name string, slots int) sluice.WorkerConfig {
+	return sluice.WorkerConfig{Name: name, Slots: slots, ShutdownTimeout: 5 * time.Second, Logger: testLogger()}
+}
+
+// checkCounters asserts the store's slot counters match the tasks and no
+// capacity is idle while work waits.
+func (h *harness) checkCounters() {
+	h.t.Helper()
+	bad, err := h.srv.Engine().Store().CheckCounters(h.ctx)
+	require.NoError(h.t, err)
+	require.Empty(h.t, bad, "store counters")
+}
+
+// waitIdle polls until no task is unfinished.
+func (h *harness) waitIdle(timeout time.Duration) {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		env, err := h.srv.Engine().Store().EnvStatus(h.ctx)
+		require.NoError(h.t, err)
+		if env.Active == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			qs, _ := h.b.ListQueues(h.ctx)
+			ws, _ := h.b.ListWorkers(h.ctx)
+			h.t.Fatalf("still %d unfinished tasks after %s:\nqueues %+v\nworkers %+v", env.Active, timeout, qs, ws)
+		}
+		<-tick.C
+	}
+}
+
+func intp(v int) *int { return &v }
+
+// crashable wraps a worker's Backend to emulate a crash without the
+// worker's cooperation: once armed by a claim, every later call hangs, so
+// the worker's heartbeats stop and its results never arrive, while its
+// process (goroutines) lives on. The server must find out from the lease
+// alone. heal ends the outage (calls go through again: late results come
+// back "stale"), so the worker can be shut down at the end of the test.
+type crashable struct {
+	sluice.Backend
+	// crashNow is asked after each claim that returned tasks.
+	crashNow func() bool
+
+	dark      atomic.Bool
+	darkCh    chan struct{} // closed when the worker goes dark
+	crashedAt time.Time     // set before darkCh is closed
+	heal      chan struct{}
+
+	mu    sync.Mutex
+	fatal []int64 // tasks of the claim that preceded the crash
+}
+
+func newCrashable(b sluice.Backend, crashNow func() bool) *crashable {
+	return &crashable{Backend: b, crashNow: crashNow, darkCh: make(chan struct{}), heal: make(chan struct{})}
+}
+
+func (c *crashable) gate(ctx context.Context) error {
+	if !c.dark.Load() {
+		return nil
+	}
+	select {
+	case <-c.heal:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *crashable) Claim(ctx context.Context, id string, p sluice.ClaimParams) (*sluice.ClaimResult, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	res, err := c.Backend.Claim(ctx, id, p)
+	if err == nil && len(res.Tasks) > 0 && !c.dark.Load() && c.crashNow() {
+		c.mu.Lock()
+		for _, t := range res.Tasks {
+			c.fatal = append(c.fatal, t.ID)
+		}
+		c.mu.Unlock()
+		c.crashedAt = time.Now()
+		c.dark.Store(true)
+		close(c.darkCh)
+	}
+	return res, err
+}
+
+func (c *crashable) Complete(ctx context.Context, id string, p sluice.CompleteParams) (*sluice.CompleteResult, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	return c.Backend.Complete(ctx, id, p)
+}
+
+func (c *crashable) Heartbeat(ctx context.Context, id string, p sluice.HeartbeatParams) (*sluice.HeartbeatResult, error) {
+	if err := c.gate(ctx); err != nil {
+		return nil, err
+	}
+	return c.Backend.Heartbeat(ctx, id, p)
+}
+
+func (c *crashable) Release(ctx context.Context, id string, p sluice.ReleaseParams) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	return c.Backend.Release(ctx, id, p)
+}
+
+func (c *crashable) DeregisterWorker(ctx context.Context, id string) error {
+	if err := c.gate(ctx); err != nil {
+		return err
+	}
+	return c.Backend.DeregisterWorker(ctx, id)
+}
+
+func (c *crashable) fatalTasks() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int64(nil), c.fatal...)
+}
+
+// work simulates d of work, ending early if ctx ends.
+func work(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,340 @@
+// Package ledger is a test helper that checks the flow-control invariants
+// (S-FC1) from the outside: handlers record every start and finish, and the
+// ledger asserts at each start that no (queue, key) sub-queue, no
+// environment and no worker runs more tasks than its limit, that no task
+// runs twice at once and that no attempt is started twice.
+//
+// A handler's start comes after its task's claim and its finish before its
+// result is reported, so the interval the ledger sees lies inside the
+// interval the engine holds the slots: if the engine keeps its limits, the
+// ledger never sees them exceeded. The one exception is a worker that
+// crashes mid-task: its handler may outlive the lease. Tests emulate such a
+// crash with handlers that return before the worker goes silent.
+//
+// The package is for tests only; nothing in the product imports it.
+package ledger
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// Limits are what the ledger checks at every start. A missing or
+// non-positive limit means unbounded.
+type Limits struct {
+	// Queue is the concurrency limit of each queue by name; it applies to
+	// each (queue, concurrency key) sub-queue separately.
+	Queue map[string]int
+	// Env is the environment limit (server --max-running).
+	Env int
+	// Worker is each worker's slots, by the worker name given to Start.
+	Worker map[string]int
+}
+
+// Event is one start or finish.
+type Event struct {
+	// Seq orders all events of a ledger: a monotonic counter taken under
+	// the ledger's lock, so it is the real order of the calls.
+	Seq    int64
+	Start  bool // false: a finish
+	TaskID int64
+	Kind   string
+	Queue  string
+	Key    string
+	Worker string
+	// Attempt is the attempt number the worker was handed.
+	Attempt int
+	// Err is the handler's error (finishes only); empty on success.
+	Err string
+	At  time.Time
+}
+
+// Sub names a sub-queue: a queue and a concurrency key ("" for the shared
+// one).
+type Sub struct{ Queue, Key string }
+
+func (s Sub) String() string {
+	if s.Key == "" {
+		return fmt.Sprintf("queue %q", s.Queue)
+	}
+	return fmt.Sprintf("queue %q key %q", s.Queue, s.Key)
+}
+
+// Attempt identifies one attempt of a task.
+type Attempt struct {
+	TaskID  int64
+	Attempt int
+}
+
+// Ledger records starts and finishes. It is safe for concurrent use.
+type Ledger struct {
+	lim Limits
+
+	mu         sync.Mutex
+	seq        int64
+	events     []Event
+	live       map[int64]Event // task id → its running start
+	started    map[Attempt]Event
+	sub        map[Sub]int
+	env        int
+	worker     map[string]int
+	peakSub    map[Sub]int
+	peakEnv    int
+	peakWorker map[string]int
+	finished   int
+	violations []string
+}
+
+// New returns an empty ledger that checks lim.
+func New(lim Limits) *Ledger {
+	return &Ledger{
+		lim:        lim,
+		live:       map[int64]Event{},
+		started:    map[Attempt]Event{},
+		sub:        map[Sub]int{},
+		worker:     map[string]int{},
+		peakSub:    map[Sub]int{},
+		peakWorker: map[string]int{},
+	}
+}
+
+// Start records that worker started the attempt t and checks every limit at
+// this instant. Call the returned function exactly once when the handler
+// returns, with its error.
+func (l *Ledger) Start(worker string, t *sluice.TaskContext) (finish func(err error)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	ev := Event{Seq: l.seq, Start: true, TaskID: t.ID, Kind: t.Kind, Queue: t.Queue, Key: t.ConcurrencyKey,
+		Worker: worker, Attempt: t.Attempt, At: time.Now()}
+	l.events = append(l.events, ev)
+
+	if prev, ok := l.live[t.ID]; ok {
+		l.violate(ev, "task %d attempt %d started on %s while attempt %d still runs on %s", t.ID, t.Attempt, worker, prev.Attempt, prev.Worker)
+	}
+	a := Attempt{t.ID, t.Attempt}
+	if prev, ok := l.started[a]; ok {
+		l.violate(ev, "task %d attempt %d started twice (on %s at #%d, again on %s)", t.ID, t.Attempt, prev.Worker, prev.Seq, worker)
+	}
+	l.started[a] = ev
+	l.live[t.ID] = ev
+
+	s := Sub{t.Queue, t.ConcurrencyKey}
+	l.sub[s]++
+	l.env++
+	l.worker[worker]++
+	l.peakSub[s] = max(l.peakSub[s], l.sub[s])
+	l.peakEnv = max(l.peakEnv, l.env)
+	l.peakWorker[worker] = max(l.peakWorker[worker], l.worker[worker])
+	if lim := l.lim.Queue[t.Queue]; lim > 0 && l.sub[s] > lim {
+		l.violate(ev, "%s runs %d tasks, limit %d", s, l.sub[s], lim)
+	}
+	if l.lim.Env > 0 && l.env > l.lim.Env {
+		l.violate(ev, "environment runs %d tasks, limit %d", l.env, l.lim.Env)
+	}
+	if lim := l.lim.Worker[worker]; lim > 0 && l.worker[worker] > lim {
+		l.violate(ev, "worker %s runs %d tasks, slots %d", worker, l.worker[worker], lim)
+	}
+
+	var once sync.Once
+	return func(err error) {
+		once.Do(func() { l.finish(ev, err) })
+	}
+}
+
+func (l *Ledger) finish(start Event, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	ev := start
+	ev.Seq, ev.Start, ev.At = l.seq, false, time.Now()
+	if err != nil {
+		ev.Err = err.Error()
+		if ev.Err == "" {
+			ev.Err = fmt.Sprintf("%T", err)
+		}
+	}
+	l.events = append(l.events, ev)
+	if cur, ok := l.live[start.TaskID]; ok && cur.Seq == start.Seq {
+		delete(l.live, start.TaskID)
+	}
+	l.sub[Sub{start.Queue, start.Key}]--
+	l.env--
+	l.worker[start.Worker]--
+	l.finished++
+}
+
+// violate records a broken invariant; the caller holds l.mu.
+func (l *Ledger) violate(ev Event, format string, args ...any) {
+	l.violations = append(l.violations, fmt.Sprintf("#%d %s: ", ev.Seq, ev.At.Format("15:04:05.000000"))+fmt.Sprintf(format, args...))
+}
+
+// Violations returns every broken invariant seen, in order.
+func (l *Ledger) Violations() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.violations)
+}
+
+// Events returns every event in order.
+func (l *Ledger) Events() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.events)
+}
+
+// Starts returns the start events in order.
+func (l *Ledger) Starts() []Event {
+	var out []Event
+	for _, e := range l.Events() {
+		if e.Start {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Finished counts finish events.
+func (l *Ledger) Finished() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.finished
+}
+
+// Running counts attempts started and not finished.
+func (l *Ledger) Running() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.env
+}
+
+// Peaks are the most tasks seen running at once.
+type Peaks struct {
+	Sub    map[Sub]int
+	Env    int
+	Worker map[string]int
+}
+
+// Peaks returns the high-water marks so far.
+func (l *Ledger) Peaks() Peaks {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := Peaks{Sub: map[Sub]int{}, Env: l.peakEnv, Worker: map[string]int{}}
+	for k, v := range l.peakSub {
+		p.Sub[k] = v
+	}
+	for k, v := range l.peakWorker {
+		p.Worker[k] = v
+	}
+	return p
+}
+
+// PeakQueue is the highest peak over the sub-queues of queue.
+func (p Peaks) PeakQueue(queue string) int {
+	m := 0
+	for s, v := range p.Sub {
+		if s.Queue == queue {
+			m = max(m, v)
+		}
+	}
+	return m
+}
+
+// Summary is a one-line description of the peaks, for logs.
+func (p Peaks) Summary() string {
+	queues := map[string]int{}
+	for s, v := range p.Sub {
+		queues[s.Queue] = max(queues[s.Queue], v)
+	}
+	var parts []string
+	for q, v := range queues {
+		parts = append(parts, fmt.Sprintf("%s=%d", q, v))
+	}
+	sort.Strings(parts)
+	var ws []string
+	for w, v := range p.Worker {
+		ws = append(ws, fmt.Sprintf("%s=%d", w, v))
+	}
+	sort.Strings(ws)
+	return fmt.Sprintf("env=%d sub-queue peaks [%s] worker peaks [%s]", p.Env, strings.Join(parts, " "), strings.Join(ws, " "))
+}
+
+// Interval is a closed time interval during which something ran.
+type Interval struct {
+	Start, End time.Time
+	// Label names the interval in reports.
+	Label string
+}
+
+// MaxOverlap returns the most intervals that overlap at one instant and an
+// instant where they do. Intervals that touch (one ends when the other
+// starts) count as overlapping, which errs on the side of a reported
+// violation.
+func MaxOverlap(iv []Interval) (int, time.Time) {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	edges := make([]edge, 0, 2*len(iv))
+	for _, i := range iv {
+		edges = append(edges, edge{i.Start, +1}, edge{i.End, -1})
+	}
+	// Starts before ends at the same instant: touching counts as overlap.
+	sort.Slice(edges, func(a, b int) bool {
+		if !edges[a].at.Equal(edges[b].at) {
+			return edges[a].at.Before(edges[b].at)
+		}
+		return edges[a].delta > edges[b].delta
+	})
+	cur, best := 0, 0
+	var when time.Time
+	for _, e := range edges {
+		cur += e.delta
+		if cur > best {
+			best, when = cur, e.at
+		}
+	}
+	return best, when
+}
+
+// OverLimit returns the longest stretch of time during which more than
+// limit intervals overlap, and when it began; zero if there is none.
+// Touching intervals count as overlapping for an instant (a zero-length
+// stretch is still reported through at).
+func OverLimit(iv []Interval, limit int) (longest time.Duration, at time.Time) {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	edges := make([]edge, 0, 2*len(iv))
+	for _, i := range iv {
+		edges = append(edges, edge{i.Start, +1}, edge{i.End, -1})
+	}
+	sort.Slice(edges, func(a, b int) bool {
+		if !edges[a].at.Equal(edges[b].at) {
+			return edges[a].at.Before(edges[b].at)
+		}
+		return edges[a].delta > edges[b].delta
+	})
+	cur := 0
+	var since time.Time
+	for _, e := range edges {
+		before := cur
+		cur += e.delta
+		switch {
+		case before <= limit && cur > limit:
+			since = e.at
+		case before > limit && cur <= limit:
+			if d := e.at.Sub(since); at.IsZero() || d > longest {
+				longest, at = d, since
+			}
+		}
+	}
+	return longest, at
+}

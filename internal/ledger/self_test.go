@@ -1,0 +1,81 @@
+package ledger_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/ledger"
+)
+
+// The ledger itself must catch what it is there to catch.
+func TestLedgerCatchesViolations(t *testing.T) {
+	t.Parallel()
+	tc := func(id int64, attempt int, queue, key string) *sluice.TaskContext {
+		return &sluice.TaskContext{ID: id, Attempt: attempt, Queue: queue, ConcurrencyKey: key}
+	}
+	l := ledger.New(ledger.Limits{Queue: map[string]int{"q": 2}, Env: 4, Worker: map[string]int{"w": 3}})
+	f1 := l.Start("w", tc(1, 1, "q", "a"))
+	f2 := l.Start("w", tc(2, 1, "q", "a"))
+	l.Start("x", tc(3, 1, "q", "b")) // another key: its own limit
+	require.Empty(t, l.Violations())
+
+	f4 := l.Start("x", tc(4, 1, "q", "a"))
+	require.Len(t, l.Violations(), 1, "third of key a over limit 2")
+	require.Contains(t, l.Violations()[0], `queue "q" key "a" runs 3 tasks, limit 2`)
+	f4(nil)
+	f1(nil)
+
+	l.Start("w", tc(5, 1, "other", ""))
+	l.Start("w", tc(6, 1, "other", ""))
+	require.Len(t, l.Violations(), 1)
+	l.Start("w", tc(7, 1, "other", ""))
+	vs := l.Violations()
+	require.Len(t, vs, 3)
+	require.Contains(t, vs[1], "environment runs 5 tasks, limit 4")
+	require.Contains(t, vs[2], "worker w runs 4 tasks, slots 3")
+
+	// Every start from here is also over the environment's limit.
+	f2(nil)
+	l.Start("x", tc(2, 1, "q", "a"))
+	require.Contains(t, l.Violations()[3], "task 2 attempt 1 started twice")
+	l.Start("x", tc(3, 2, "q", "b"))
+	require.Contains(t, l.Violations()[5], "task 3 attempt 2 started on x while attempt 1 still runs on x")
+
+	p := l.Peaks()
+	require.Equal(t, 3, p.Sub[ledger.Sub{Queue: "q", Key: "a"}])
+	require.Equal(t, 6, p.Env)
+	require.Equal(t, 4, p.Worker["w"])
+	require.Equal(t, 6, l.Running())
+	require.Equal(t, 3, l.Finished())
+}
+
+func TestOverlap(t *testing.T) {
+	t.Parallel()
+	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
+	iv := []ledger.Interval{
+		{Start: at(0), End: at(100)},
+		{Start: at(100), End: at(200)}, // touches the first
+		{Start: at(150), End: at(400)},
+		{Start: at(160), End: at(170)},
+	}
+	n, when := ledger.MaxOverlap(iv)
+	require.Equal(t, 3, n)
+	require.Equal(t, at(160), when)
+
+	d, since := ledger.OverLimit(iv, 2)
+	require.Equal(t, 10*time.Millisecond, d)
+	require.Equal(t, at(160), since)
+	d, since = ledger.OverLimit(iv, 1)
+	require.Equal(t, 50*time.Millisecond, d, "from 150 to 200")
+	require.Equal(t, at(150), since)
+	d, since = ledger.OverLimit(iv, 3)
+	require.Zero(t, d)
+	require.True(t, since.IsZero())
+	// Touching counts, for an instant.
+	d, since = ledger.OverLimit(iv[:2], 1)
+	require.Zero(t, d)
+	require.Equal(t, at(100), since)
+}
