@@ -32,6 +32,10 @@ type Config struct {
 	// SweepInterval is how often expired leases, timeouts and dispatch
 	// deadlines are swept. Defaults to 1s.
 	SweepInterval time.Duration
+	// Dispatch is which waiting worker gets new work first: "spread" (the
+	// one with the most free capacity) or "pack" (a stable order, so
+	// surplus workers go idle). Defaults to "spread".
+	Dispatch string
 	// MaxBodyBytes caps request bodies. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// NoMigrate skips applying migrations on start.
@@ -53,6 +57,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = time.Second
+	}
+	if c.Dispatch == "" {
+		c.Dispatch = "spread"
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
@@ -76,6 +83,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("lease: must be at least 1s, got %s", c.Lease)
 	case c.SweepInterval <= 0 || c.SweepInterval > c.Lease:
 		return fmt.Errorf("sweep-interval: must be > 0 and ≤ lease (%s), got %s", c.Lease, c.SweepInterval)
+	case c.Dispatch != "spread" && c.Dispatch != "pack":
+		return fmt.Errorf("dispatch: want spread or pack, got %q", c.Dispatch)
 	case c.MaxBodyBytes < 1024:
 		return fmt.Errorf("max-body-bytes: must be ≥ 1024, got %d", c.MaxBodyBytes)
 	case !c.AuthDisabled && c.AdminToken == "":

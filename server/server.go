@@ -62,6 +62,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxRunning:    cfg.MaxRunning,
 		MaxActive:     cfg.MaxActive,
 		SweepInterval: cfg.SweepInterval,
+		Dispatch:      engine.Dispatch(cfg.Dispatch),
 		Logger:        cfg.Logger,
 	})
 	if err != nil {

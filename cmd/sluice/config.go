@@ -117,6 +117,7 @@ type serverFlags struct {
 	maxActive     int
 	lease         time.Duration
 	sweepInterval time.Duration
+	dispatch      string
 	maxBodyBytes  int64
 	noMigrate     bool
 	logLevel      string
@@ -145,6 +146,7 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 	fs.IntVar(&f.maxActive, "max-active", 0, "admission ceiling on unfinished tasks; a trigger over it gets 429 (0 = none)")
 	fs.DurationVar(&f.lease, "lease", d.Lease, "how long a claimed task stays with a worker that stopped heartbeating (≥ 1s)")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", d.SweepInterval, "how often expired leases, timeouts and dispatch deadlines are swept (> 0, ≤ --lease)")
+	fs.StringVar(&f.dispatch, "dispatch", d.Dispatch, "which waiting worker gets new work first: spread (most free capacity) or pack (stable order, surplus workers go idle)")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "largest accepted request body in bytes (≥ 1024)")
 	fs.BoolVar(&f.noMigrate, "no-migrate", false, "do not apply database migrations on start (run \"sluice migrate\" instead)")
 	fs.StringVar(&f.logLevel, "log-level", cmp.Or(over.logLevel, "info"), "log level: debug, info, warn or error")
@@ -162,6 +164,7 @@ func (a *app) serverConfig(f *serverFlags, logger *slog.Logger, authDisabled boo
 		MaxActive:     f.maxActive,
 		Lease:         f.lease,
 		SweepInterval: f.sweepInterval,
+		Dispatch:      f.dispatch,
 		MaxBodyBytes:  f.maxBodyBytes,
 		NoMigrate:     f.noMigrate,
 		Logger:        logger,

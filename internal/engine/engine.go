@@ -50,6 +50,9 @@ type Config struct {
 	// Backoff is the delay after failed attempt n. Defaults to
 	// ExponentialBackoff(1s, 5m).
 	Backoff store.Backoff
+	// Dispatch decides which waiting worker gets new work first (S-W8).
+	// Defaults to DispatchSpread.
+	Dispatch Dispatch
 	// Clock defaults to the real clock.
 	Clock Clock
 	// Logger defaults to slog.Default().
@@ -76,6 +79,9 @@ func (c Config) WithDefaults() Config {
 	if c.Clock == nil {
 		c.Clock = realClock{}
 	}
+	if c.Dispatch == "" {
+		c.Dispatch = DispatchSpread
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -95,6 +101,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max-active: must be ≥ 0, got %d", c.MaxActive)
 	case c.SweepInterval <= 0:
 		return fmt.Errorf("sweep-interval: must be > 0, got %s", c.SweepInterval)
+	}
+	if _, err := ParseDispatch(string(c.Dispatch)); err != nil {
+		return err
 	}
 	return nil
 }
@@ -116,18 +125,12 @@ type Engine struct {
 	st      store.Store
 	cfg     Config
 	log     *slog.Logger
-	ready   *broadcaster  // tasks became ready
+	disp    *dispatcher   // wakes long-polling claims
 	kick    chan struct{} // scheduler: something was scheduled
 	metrics *Metrics
 
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
-	// freed wakes a worker's long-polling claims when its tasks end: the
-	// store hands a worker no more tasks than its slots minus those it
-	// runs, so a worker whose slots are all taken server-side (results
-	// still on their way) must be woken by its own completions, which
-	// ready no task when nothing waits for a slot.
-	freed map[string]*claimWaiters
 
 	bgCancel context.CancelFunc
 	bgDone   sync.WaitGroup
@@ -144,11 +147,10 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 	st.SetClock(cfg.Clock.Now)
 	return &Engine{
 		st: st, cfg: cfg, log: cfg.Logger,
-		ready:   newBroadcaster(),
+		disp:    newDispatcher(cfg.Dispatch),
 		kick:    make(chan struct{}, 1),
 		metrics: newMetrics(st),
 		cancels: map[string][]int64{},
-		freed:   map[string]*claimWaiters{},
 	}, nil
 }
 
@@ -166,7 +168,7 @@ func (e *Engine) now() time.Time { return e.cfg.Clock.Now() }
 // after handles a store outcome: wake workers if tasks became ready.
 func (e *Engine) after(o store.Outcome) {
 	if o.Readied > 0 {
-		e.ready.broadcast()
+		e.disp.wake()
 	}
 }
 
@@ -319,7 +321,7 @@ func (e *Engine) CancelTask(ctx context.Context, id int64) (*sluice.Task, error)
 		e.mu.Lock()
 		e.cancels[t.WorkerID] = append(e.cancels[t.WorkerID], t.ID)
 		e.mu.Unlock()
-		e.ready.broadcast() // wake the worker's long-poll to deliver it
+		e.disp.wakeWorker(t.WorkerID) // its long-poll delivers the cancel
 	}
 	t.Explain, err = e.Explain(ctx, t)
 	return t, err
@@ -377,10 +379,12 @@ func (e *Engine) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error) {
 	return e.st.ListWorkers(ctx)
 }
 
-func newWorkerID() string {
-	var b [8]byte
+// newWorkerID returns an id that sorts by registration time (the stable
+// order of pack dispatch), with random bits against collisions.
+func newWorkerID(now time.Time) string {
+	var b [4]byte
 	_, _ = crand.Read(b[:])
-	return "w-" + hex.EncodeToString(b[:])
+	return fmt.Sprintf("w-%016x-%s", now.UnixNano(), hex.EncodeToString(b[:]))
 }
 
 // RegisterWorker registers a worker and tells it the lease and heartbeat
@@ -389,7 +393,7 @@ func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerPara
 	if err := validateRegister(&p); err != nil {
 		return nil, err
 	}
-	id := newWorkerID()
+	id := newWorkerID(e.now())
 	if p.Name == "" {
 		p.Name = id
 	}
@@ -414,85 +418,57 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 	if p.Wait.D() > maxWait {
 		p.Wait = sluice.Duration(maxWait)
 	}
+	w := newWaiter(workerID, p.Max)
 	var timer *time.Timer
-	var cw *claimWaiters
-	if p.Wait > 0 {
-		cw = e.watchFreed(workerID)
-		defer e.unwatchFreed(workerID, cw)
-	}
+	var answering int64 // the chain's wake-up this attempt answers; 0: none
+	registered := false
 	for {
-		woken := e.ready.wait()
-		freed := e.freedChan(cw)
-		start := time.Now()
-		tasks, err := e.st.Claim(ctx, workerID, p.Max, e.cfg.Lease)
-		if err != nil {
-			return nil, err
+		if answering == 0 && p.Wait > 0 && !e.disp.firstInLine(w) {
+			// Another waiting worker goes first under the dispatch
+			// policy: wait for the chain to come to this one.
+			answering = -1
 		}
-		e.metrics.claimLatency.Observe(time.Since(start).Seconds())
-		cancel := e.takeCancels(workerID)
-		if len(tasks) > 0 || len(cancel) > 0 || p.Wait == 0 {
-			e.metrics.claimed(tasks)
-			return &sluice.ClaimResult{Tasks: nonNil(tasks), Cancel: cancel}, nil
+		if answering >= 0 {
+			start := time.Now()
+			tasks, err := e.st.Claim(ctx, workerID, p.Max, e.cfg.Lease)
+			if registered {
+				signal(w.done, answering)
+			}
+			if err != nil {
+				return nil, err
+			}
+			e.metrics.claimLatency.Observe(time.Since(start).Seconds())
+			cancel := e.takeCancels(workerID)
+			if len(tasks) > 0 || len(cancel) > 0 || p.Wait == 0 {
+				e.metrics.claimed(tasks)
+				return &sluice.ClaimResult{Tasks: nonNil(tasks), Cancel: cancel}, nil
+			}
+		} else {
+			e.disp.wake() // make sure a chain will come round
 		}
-		if timer == nil {
+		if !registered {
+			// Register, then look once more: a wake-up between the
+			// look above and the wait below is not lost.
+			registered = true
+			e.disp.add(w)
+			defer e.disp.remove(w)
 			timer = time.NewTimer(p.Wait.D())
 			defer timer.Stop()
+			answering = 0
+			continue
 		}
 		select {
-		case <-woken:
-		case <-freed:
+		case answering = <-w.ch:
+			if answering == 0 {
+				if cancel := e.takeCancels(workerID); len(cancel) > 0 {
+					return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}, Cancel: cancel}, nil
+				}
+			}
 		case <-timer.C:
 			return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}}, nil
 		case <-ctx.Done():
 			return &sluice.ClaimResult{Tasks: []sluice.ClaimedTask{}}, nil
 		}
-	}
-}
-
-// claimWaiters are the claims of one worker waiting for work.
-type claimWaiters struct {
-	ch chan struct{} // closed when the worker's tasks end, then replaced
-	n  int
-}
-
-func (e *Engine) watchFreed(workerID string) *claimWaiters {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	cw := e.freed[workerID]
-	if cw == nil {
-		cw = &claimWaiters{ch: make(chan struct{})}
-		e.freed[workerID] = cw
-	}
-	cw.n++
-	return cw
-}
-
-func (e *Engine) unwatchFreed(workerID string, cw *claimWaiters) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if cw.n--; cw.n == 0 && e.freed[workerID] == cw {
-		delete(e.freed, workerID)
-	}
-}
-
-// freedChan returns the channel to wait on; nil (never ready) without
-// waiters.
-func (e *Engine) freedChan(cw *claimWaiters) <-chan struct{} {
-	if cw == nil {
-		return nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return cw.ch
-}
-
-// wakeFreed wakes the waiting claims of a worker whose tasks ended.
-func (e *Engine) wakeFreed(workerID string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if cw := e.freed[workerID]; cw != nil {
-		close(cw.ch)
-		cw.ch = make(chan struct{})
 	}
 }
 
@@ -533,7 +509,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		}
 	}
 	if freed {
-		e.wakeFreed(workerID)
+		e.disp.wakeWorker(workerID)
 	}
 	if failed {
 		e.kickScheduler() // a retry may have been scheduled
@@ -578,6 +554,7 @@ func (e *Engine) DeregisterWorker(ctx context.Context, workerID string) error {
 		return err
 	}
 	e.takeCancels(workerID)
+	e.disp.forget(workerID)
 	e.after(o)
 	e.log.Info("worker deregistered", "worker", workerID)
 	return nil

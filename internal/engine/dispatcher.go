@@ -1,0 +1,215 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Dispatch is the policy that decides which waiting worker gets new work
+// first (S-W8).
+type Dispatch string
+
+const (
+	// DispatchSpread wakes the waiting worker with the most free capacity
+	// first (ties: the one served least recently), so load spreads evenly.
+	DispatchSpread Dispatch = "spread"
+	// DispatchPack wakes waiting workers in a stable order (registration
+	// order), so the first fill up and surplus workers go idle.
+	DispatchPack Dispatch = "pack"
+)
+
+// ParseDispatch checks a dispatch policy name.
+func ParseDispatch(s string) (Dispatch, error) {
+	switch d := Dispatch(s); d {
+	case DispatchSpread, DispatchPack:
+		return d, nil
+	case "":
+		return DispatchSpread, nil
+	}
+	return "", fmt.Errorf("dispatch: want spread or pack, got %q", s)
+}
+
+// waiter is one long-polling claim.
+type waiter struct {
+	worker string
+	order  string // the worker's stable position (pack): ids sort by registration time
+	free   int    // the claim's max (spread)
+	// ch carries wake-ups (buffer 1): the chain's sequence number, or 0
+	// for a wake-up outside the chain.
+	ch chan int64
+	// done carries, after each claim attempt, the sequence number of the
+	// wake-up the attempt answered (buffer 1, latest wins).
+	done chan int64
+}
+
+func newWaiter(worker string, max int) *waiter {
+	return &waiter{worker: worker, order: worker, free: max, ch: make(chan int64, 1), done: make(chan int64, 1)}
+}
+
+// signal leaves seq in a buffer-1 channel, replacing what is there.
+func signal(ch chan int64, seq int64) {
+	for {
+		select {
+		case ch <- seq:
+			return
+		default:
+		}
+		select {
+		case <-ch:
+		default:
+		}
+	}
+}
+
+// dispatcher wakes long-polling claims when tasks become ready. It wakes
+// them one at a time in policy order, each after the previous one has made
+// its claim attempt, so the policy decides who gets first pick; every
+// waiter is still woken, so no ready task is left while a worker waits.
+type dispatcher struct {
+	policy Dispatch
+
+	mu       sync.Mutex
+	waiters  map[*waiter]bool
+	served   map[string]int64 // worker → last wake sequence (spread ties)
+	seq      int64
+	chaining bool
+	again    bool
+}
+
+func newDispatcher(p Dispatch) *dispatcher {
+	return &dispatcher{policy: p, waiters: map[*waiter]bool{}, served: map[string]int64{}}
+}
+
+// add registers a waiter before its claim attempt, so a wake-up between
+// the attempt and the wait is not lost.
+func (d *dispatcher) add(w *waiter) {
+	d.mu.Lock()
+	d.waiters[w] = true
+	d.mu.Unlock()
+}
+
+func (d *dispatcher) remove(w *waiter) {
+	d.mu.Lock()
+	delete(d.waiters, w)
+	d.mu.Unlock()
+}
+
+// forget drops a deregistered worker's bookkeeping.
+func (d *dispatcher) forget(worker string) {
+	d.mu.Lock()
+	delete(d.served, worker)
+	d.mu.Unlock()
+}
+
+// before reports whether a goes before b under the policy. Call with mu
+// held.
+func (d *dispatcher) before(a, b *waiter) bool {
+	if d.policy == DispatchPack {
+		return a.order < b.order
+	}
+	if a.free != b.free {
+		return a.free > b.free
+	}
+	return d.served[a.worker] < d.served[b.worker]
+}
+
+// firstInLine reports whether no other worker's waiting claim goes before
+// w: only then may w look for work on its own (not woken by the chain),
+// so the policy, not timing, decides who gets new work.
+func (d *dispatcher) firstInLine(w *waiter) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for v := range d.waiters {
+		if v.worker != w.worker && d.before(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// wakeWorker wakes the waiting claims of one worker: to deliver a
+// cancellation, or because its own tasks ended — the store hands a worker
+// no more tasks than its slots minus those it runs, so a worker whose
+// slots were all taken server-side must be woken by its own completions,
+// which ready no task when nothing waits for a slot.
+func (d *dispatcher) wakeWorker(worker string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for w := range d.waiters {
+		if w.worker == worker {
+			signal(w.ch, 0)
+		}
+	}
+}
+
+// handoffTimeout bounds how long the chain waits for one waiter's claim
+// attempt before waking the next.
+const handoffTimeout = 100 * time.Millisecond
+
+// wake starts a wake-up chain, or asks the running one to go round again.
+func (d *dispatcher) wake() {
+	d.mu.Lock()
+	if d.chaining {
+		d.again = true
+		d.mu.Unlock()
+		return
+	}
+	d.chaining = true
+	d.mu.Unlock()
+	go d.chain()
+}
+
+func (d *dispatcher) chain() {
+	for {
+		d.mu.Lock()
+		list := make([]*waiter, 0, len(d.waiters))
+		for w := range d.waiters {
+			list = append(list, w)
+		}
+		d.again = false
+		sort.Slice(list, func(i, j int) bool { return d.before(list[i], list[j]) })
+		d.mu.Unlock()
+		timer := time.NewTimer(handoffTimeout)
+		for _, w := range list {
+			d.mu.Lock()
+			d.seq++
+			seq := d.seq
+			d.served[w.worker] = seq
+			d.mu.Unlock()
+			signal(w.ch, seq)
+			if len(list) == 1 {
+				break
+			}
+			// Wait until the waiter has made the claim attempt that
+			// answers this wake-up, so it gets first pick.
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			timer.Reset(handoffTimeout)
+		wait:
+			for {
+				select {
+				case got := <-w.done:
+					if got >= seq {
+						break wait
+					}
+				case <-timer.C:
+					break wait
+				}
+			}
+		}
+		timer.Stop()
+		d.mu.Lock()
+		if !d.again {
+			d.chaining = false
+			d.mu.Unlock()
+			return
+		}
+		d.mu.Unlock()
+	}
+}
