@@ -191,6 +191,13 @@ type WorkerInfo struct {
 	Running         int       `json:"running"`
 	StartedAt       time.Time `json:"started_at"`
 	LastHeartbeatAt time.Time `json:"last_heartbeat_at"`
+	LeaseExpiresAt  time.Time `json:"lease_expires_at"`
+	// MemoryUsedRatio and P99Latency are as of the last heartbeat (0 until
+	// the worker reports them).
+	MemoryUsedRatio float64  `json:"memory_used_ratio"`
+	P99Latency      Duration `json:"p99_latency"`
+	// Tasks are the ids of the tasks the worker runs.
+	Tasks []int64 `json:"tasks"`
 }
 
 // RegisterWorkerParams is the body of POST /v1/workers.
@@ -282,6 +289,16 @@ type HeartbeatParams struct {
 	FreeSlots int `json:"free_slots"`
 	// Held lists the tasks the worker is running.
 	Held []int64 `json:"held"`
+	// Slots is the most tasks the worker runs at once (S-W4). Zero means
+	// not reported (a worker older than the field).
+	Slots int `json:"slots,omitempty"`
+	// MemoryUsedRatio is the worker's memory use over its cgroup limit, or
+	// its resident set over the machine's memory, at its last sample. Zero
+	// means not known.
+	MemoryUsedRatio float64 `json:"memory_used_ratio,omitempty"`
+	// P99Latency is the 99th percentile duration of the worker's last 1000
+	// tasks. Zero means none ran yet.
+	P99Latency Duration `json:"p99_latency,omitempty"`
 }
 
 // HeartbeatResult answers a heartbeat.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -27,9 +28,10 @@ func (a *app) newWorkersCmd() *cobra.Command {
 			return a.printJSON(ws)
 		}
 		now := time.Now()
-		tw := a.newTable("ID", "NAME", "KINDS", "SLOTS", "FREE", "RUNNING", "STARTED", "LAST HEARTBEAT")
+		tw := a.newTable("ID", "NAME", "KINDS", "SLOTS", "FREE", "RUNNING", "MEMORY", "P99", "STARTED", "LAST HEARTBEAT")
 		for _, w := range ws {
 			row(tw, w.ID, w.Name, strings.Join(w.Kinds, ","), w.Slots, w.FreeSlots, w.Running,
+				fmt.Sprintf("%.0f%%", 100*w.MemoryUsedRatio), w.P99Latency,
 				age(w.StartedAt, now)+" ago", age(w.LastHeartbeatAt, now)+" ago")
 		}
 		return tw.Flush()

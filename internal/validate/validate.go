@@ -259,6 +259,15 @@ func Heartbeat(p *sluice.HeartbeatParams) error {
 	if p.FreeSlots < 0 || p.FreeSlots > MaxSlots {
 		return sluice.Invalid("free_slots", "must be between 0 and %d", MaxSlots)
 	}
+	if p.Slots < 0 || p.Slots > MaxSlots {
+		return sluice.Invalid("slots", "must be between 0 and %d", MaxSlots)
+	}
+	if math.IsNaN(p.MemoryUsedRatio) || p.MemoryUsedRatio < 0 || p.MemoryUsedRatio > 1000 {
+		return sluice.Invalid("memory_used_ratio", "must be a ratio ≥ 0")
+	}
+	if p.P99Latency < 0 {
+		return sluice.Invalid("p99_latency", "must not be negative")
+	}
 	return ids("held", p.Held)
 }
 

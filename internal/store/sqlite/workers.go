@@ -31,26 +31,50 @@ func (s *Store) RegisterWorker(ctx context.Context, w store.Worker) error {
 	})
 }
 
-// ListWorkers returns the live workers, oldest first.
+// ListWorkers returns the live workers, oldest first, with the tasks each
+// runs.
 func (s *Store) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, name, kinds, slots, free_slots, started_at, last_heartbeat_at,
-		(SELECT count(*) FROM tasks t WHERE t.state = 'running' AND t.worker_id = workers.id)
-		FROM workers ORDER BY started_at, id`)
+	rows, err := s.r.QueryContext(ctx, `SELECT id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at,
+		memory_used_ratio, p99_latency_us FROM workers ORDER BY started_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("listing workers: %w", err)
 	}
-	defer rows.Close()
 	out := []sluice.WorkerInfo{}
+	idx := map[string]int{}
 	for rows.Next() {
 		var w sluice.WorkerInfo
 		var kinds string
-		var started, hb int64
-		if err := rows.Scan(&w.ID, &w.Name, &kinds, &w.Slots, &w.FreeSlots, &started, &hb, &w.Running); err != nil {
+		var started, hb, lease, p99 int64
+		if err := rows.Scan(&w.ID, &w.Name, &kinds, &w.Slots, &w.FreeSlots, &started, &hb, &lease, &w.MemoryUsedRatio, &p99); err != nil {
+			rows.Close()
 			return nil, err
 		}
 		_ = json.Unmarshal([]byte(kinds), &w.Kinds)
-		w.StartedAt, w.LastHeartbeatAt = fromUS(started), fromUS(hb)
+		w.StartedAt, w.LastHeartbeatAt, w.LeaseExpiresAt = fromUS(started), fromUS(hb), fromUS(lease)
+		w.P99Latency = sluice.Duration(time.Duration(p99) * time.Microsecond)
+		w.Tasks = []int64{}
+		idx[w.ID] = len(out)
 		out = append(out, w)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = s.r.QueryContext(ctx, `SELECT worker_id, id FROM tasks WHERE state = 'running' ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing workers' tasks: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var wid string
+		var id int64
+		if err := rows.Scan(&wid, &id); err != nil {
+			return nil, err
+		}
+		if i, ok := idx[wid]; ok {
+			out[i].Tasks = append(out[i].Tasks, id)
+			out[i].Running++
+		}
 	}
 	return out, rows.Err()
 }
@@ -237,8 +261,9 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 		lost, cancel = nil, nil
 		now := s.now()
 		leaseUntil := now.Add(lease)
-		res, err := tx.ExecContext(ctx, `UPDATE workers SET lease_expires_at = ?, last_heartbeat_at = ?, free_slots = ? WHERE id = ?`,
-			us(leaseUntil), us(now), p.FreeSlots, workerID)
+		res, err := tx.ExecContext(ctx, `UPDATE workers SET lease_expires_at = ?, last_heartbeat_at = ?, free_slots = ?,
+			memory_used_ratio = ?, p99_latency_us = ? WHERE id = ?`,
+			us(leaseUntil), us(now), p.FreeSlots, p.MemoryUsedRatio, p.P99Latency.D().Microseconds(), workerID)
 		if err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}

@@ -639,7 +639,8 @@ func testHeartbeat(t *testing.T, ns NewStore) {
 	c := h.claim("w", 10)
 	for range 5 {
 		h.tick(20 * time.Second)
-		lost, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242)}, 30*time.Second)
+		lost, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242),
+			Slots: 10, MemoryUsedRatio: 0.5, P99Latency: sluice.Duration(1500 * time.Millisecond)}, 30*time.Second)
 		require.NoError(t, err)
 		require.Equal(t, []int64{424242}, lost)
 		n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
@@ -650,7 +651,11 @@ func testHeartbeat(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, 9, ws[0].FreeSlots)
 	require.Equal(t, 1, ws[0].Running)
+	require.Equal(t, ids(c), ws[0].Tasks)
+	require.Equal(t, 0.5, ws[0].MemoryUsedRatio)
+	require.Equal(t, 1500*time.Millisecond, ws[0].P99Latency.D())
 	require.Equal(t, h.now, ws[0].LastHeartbeatAt)
+	require.Equal(t, h.now.Add(30*time.Second), ws[0].LeaseExpiresAt)
 }
 
 func testTimeout(t *testing.T, ns NewStore) {
