@@ -6,6 +6,7 @@ package server
 import (
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -36,6 +37,13 @@ type Config struct {
 	// one with the most free capacity) or "pack" (a stable order, so
 	// surplus workers go idle). Defaults to "spread".
 	Dispatch string
+	// ProvisionerCommand (run with sh -c, request on stdin) and/or
+	// ProvisionerURL (POSTed JSON) are called, at most once per
+	// ProvisionerInterval (default 30s), while ready tasks wait with no
+	// free worker capacity for their kind. Empty: no hook.
+	ProvisionerCommand  string
+	ProvisionerURL      string
+	ProvisionerInterval time.Duration
 	// MaxBodyBytes caps request bodies. Defaults to 1 MiB.
 	MaxBodyBytes int64
 	// NoMigrate skips applying migrations on start.
@@ -61,6 +69,9 @@ func (c Config) WithDefaults() Config {
 	if c.Dispatch == "" {
 		c.Dispatch = "spread"
 	}
+	if c.ProvisionerInterval == 0 {
+		c.ProvisionerInterval = 30 * time.Second
+	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
@@ -85,6 +96,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sweep-interval: must be > 0 and ≤ lease (%s), got %s", c.Lease, c.SweepInterval)
 	case c.Dispatch != "spread" && c.Dispatch != "pack":
 		return fmt.Errorf("dispatch: want spread or pack, got %q", c.Dispatch)
+	case c.ProvisionerInterval < time.Second:
+		return fmt.Errorf("provisioner-interval: must be at least 1s, got %s", c.ProvisionerInterval)
+	case c.ProvisionerURL != "" && !validHookURL(c.ProvisionerURL):
+		return fmt.Errorf("provisioner-url: %q is not an http or https URL", c.ProvisionerURL)
 	case c.MaxBodyBytes < 1024:
 		return fmt.Errorf("max-body-bytes: must be ≥ 1024, got %d", c.MaxBodyBytes)
 	case !c.AuthDisabled && c.AdminToken == "":
@@ -95,4 +110,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker-token: must differ from admin-token")
 	}
 	return nil
+}
+
+func validHookURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }

@@ -63,7 +63,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxActive:     cfg.MaxActive,
 		SweepInterval: cfg.SweepInterval,
 		Dispatch:      engine.Dispatch(cfg.Dispatch),
-		Logger:        cfg.Logger,
+		Provisioner: engine.ProvisionerConfig{
+			Command:  cfg.ProvisionerCommand,
+			URL:      cfg.ProvisionerURL,
+			Interval: cfg.ProvisionerInterval,
+		},
+		Logger: cfg.Logger,
 	})
 	if err != nil {
 		st.Close()

@@ -118,6 +118,9 @@ type serverFlags struct {
 	lease         time.Duration
 	sweepInterval time.Duration
 	dispatch      string
+	provCommand   string
+	provURL       string
+	provInterval  time.Duration
 	maxBodyBytes  int64
 	noMigrate     bool
 	logLevel      string
@@ -147,6 +150,9 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 	fs.DurationVar(&f.lease, "lease", d.Lease, "how long a claimed task stays with a worker that stopped heartbeating (≥ 1s)")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", d.SweepInterval, "how often expired leases, timeouts and dispatch deadlines are swept (> 0, ≤ --lease)")
 	fs.StringVar(&f.dispatch, "dispatch", d.Dispatch, "which waiting worker gets new work first: spread (most free capacity) or pack (stable order, surplus workers go idle)")
+	fs.StringVar(&f.provCommand, "provisioner-command", "", "command (run with sh -c, JSON shortfall on stdin and in $SLUICE_SHORTFALL) called while ready tasks wait with no free worker capacity")
+	fs.StringVar(&f.provURL, "provisioner-url", "", "URL POSTed the JSON shortfall while ready tasks wait with no free worker capacity")
+	fs.DurationVar(&f.provInterval, "provisioner-interval", d.ProvisionerInterval, "least time between two provisioner calls (≥ 1s)")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "largest accepted request body in bytes (≥ 1024)")
 	fs.BoolVar(&f.noMigrate, "no-migrate", false, "do not apply database migrations on start (run \"sluice migrate\" instead)")
 	fs.StringVar(&f.logLevel, "log-level", cmp.Or(over.logLevel, "info"), "log level: debug, info, warn or error")
@@ -155,19 +161,22 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 // serverConfig maps the flags onto a validated server.Config.
 func (a *app) serverConfig(f *serverFlags, logger *slog.Logger, authDisabled bool) (server.Config, error) {
 	cfg := server.Config{
-		Addr:          f.addr,
-		DB:            f.db,
-		AdminToken:    f.adminToken,
-		WorkerToken:   f.workerToken,
-		AuthDisabled:  authDisabled,
-		MaxRunning:    f.maxRunning,
-		MaxActive:     f.maxActive,
-		Lease:         f.lease,
-		SweepInterval: f.sweepInterval,
-		Dispatch:      f.dispatch,
-		MaxBodyBytes:  f.maxBodyBytes,
-		NoMigrate:     f.noMigrate,
-		Logger:        logger,
+		Addr:                f.addr,
+		DB:                  f.db,
+		AdminToken:          f.adminToken,
+		WorkerToken:         f.workerToken,
+		AuthDisabled:        authDisabled,
+		MaxRunning:          f.maxRunning,
+		MaxActive:           f.maxActive,
+		Lease:               f.lease,
+		SweepInterval:       f.sweepInterval,
+		Dispatch:            f.dispatch,
+		ProvisionerCommand:  f.provCommand,
+		ProvisionerURL:      f.provURL,
+		ProvisionerInterval: f.provInterval,
+		MaxBodyBytes:        f.maxBodyBytes,
+		NoMigrate:           f.noMigrate,
+		Logger:              logger,
 	}.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return server.Config{}, a.configError(err)

@@ -206,6 +206,8 @@ func TestValidateErrorsNameSetting(t *testing.T) {
 		{"negative max-active", nil, append([]string{"--max-active", "-5"}, tokens...), []string{"max-active:"}},
 		{"unsupported db", nil, append([]string{"--db", "mysql://x"}, tokens...), []string{"db:", "mysql://x"}},
 		{"tiny body limit", nil, append([]string{"--max-body-bytes", "10"}, tokens...), []string{"max-body-bytes:"}},
+		{"bad provisioner url", nil, append([]string{"--provisioner-url", "ftp://x"}, tokens...), []string{"provisioner-url:"}},
+		{"provisioner interval too short", nil, append([]string{"--provisioner-interval", "10ms"}, tokens...), []string{"provisioner-interval:"}},
 		{"unknown dispatch", nil, append([]string{"--dispatch", "random"}, tokens...), []string{"dispatch:", "random"}},
 		{"unknown dispatch from env", map[string]string{"SLUICE_DISPATCH": "first"}, tokens, []string{"dispatch:", "SLUICE_DISPATCH"}},
 		{"no admin token", nil, []string{"--worker-token", "w"}, []string{"admin-token:"}},

@@ -50,6 +50,9 @@ type Config struct {
 	// Backoff is the delay after failed attempt n. Defaults to
 	// ExponentialBackoff(1s, 5m).
 	Backoff store.Backoff
+	// Provisioner asks for more workers when ready tasks wait with no free
+	// capacity for their kind. Zero: no hook.
+	Provisioner ProvisionerConfig
 	// Dispatch decides which waiting worker gets new work first (S-W8).
 	// Defaults to DispatchSpread.
 	Dispatch Dispatch
@@ -82,6 +85,12 @@ func (c Config) WithDefaults() Config {
 	if c.Dispatch == "" {
 		c.Dispatch = DispatchSpread
 	}
+	if c.Provisioner.Interval == 0 {
+		c.Provisioner.Interval = 30 * time.Second
+	}
+	if c.Provisioner.Timeout == 0 {
+		c.Provisioner.Timeout = min(c.Provisioner.Interval, 30*time.Second)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -104,6 +113,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := ParseDispatch(string(c.Dispatch)); err != nil {
 		return err
+	}
+	if c.Provisioner.Interval < 0 || c.Provisioner.Timeout < 0 {
+		return fmt.Errorf("provisioner-interval: must be > 0, got %s", c.Provisioner.Interval)
 	}
 	return nil
 }
@@ -131,6 +143,8 @@ type Engine struct {
 
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
+	// lastProvision is when the provisioner hook was last called.
+	lastProvision time.Time
 
 	bgCancel context.CancelFunc
 	bgDone   sync.WaitGroup

@@ -24,6 +24,7 @@ type Metrics struct {
 	finishedTotal   *prometheus.CounterVec
 	swept           prometheus.Counter
 	deadlineExpired prometheus.Counter
+	provisioner     *prometheus.CounterVec
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -38,7 +39,8 @@ func newMetrics(st store.Store) *Metrics {
 	m.finishedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_attempts_finished_total", Help: "Attempts reported by workers, by outcome."}, []string{"outcome"})
 	m.swept = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_attempts_swept_total", Help: "Attempts ended by the sweeper (expired lease or timeout)."})
 	m.deadlineExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_dispatch_deadline_expired_total", Help: "Tasks failed for missing their dispatch deadline."})
-	m.reg.MustRegister(m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
+	m.provisioner = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_provisioner_calls_total", Help: "Calls of the provisioner hook, by hook (command, url) and result (ok, error)."}, []string{"hook", "result"})
+	m.reg.MustRegister(m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
 		&queueCollector{st: st}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -29,6 +29,13 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.bgDone.Add(2)
 	go e.loop(bg, "sweeper", e.SweepOnce)
 	go e.scheduler(bg)
+	if e.cfg.Provisioner.enabled() {
+		e.bgDone.Add(1)
+		go e.loop(bg, "provisioner", func(ctx context.Context) error {
+			_, err := e.ProvisionOnce(ctx)
+			return err
+		})
+	}
 	return nil
 }
 

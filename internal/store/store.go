@@ -82,6 +82,13 @@ type SubqueueStatus struct {
 	Paused         bool
 }
 
+// Shortfall is ready work no worker has room for.
+type Shortfall struct {
+	Queue   string `json:"queue"`
+	Kind    string `json:"kind"`
+	Waiting int    `json:"waiting"`
+}
+
 // EnvStatus is the environment's slot counters.
 type EnvStatus struct {
 	MaxRunning int // 0 = unlimited
@@ -132,6 +139,10 @@ type Store interface {
 	SubqueueStatus(ctx context.Context, taskID int64) (*SubqueueStatus, error)
 	// KindHasWorker reports whether a live worker handles kind.
 	KindHasWorker(ctx context.Context, kind string) (bool, error)
+	// Shortfall lists, per queue and kind, ready tasks (holding their slots,
+	// waiting only for a worker) whose kind no live worker has free slots
+	// for, by the workers' last heartbeats (the provisioner hook, S-W8).
+	Shortfall(ctx context.Context) ([]Shortfall, error)
 
 	RegisterWorker(ctx context.Context, w Worker) error
 	ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error)

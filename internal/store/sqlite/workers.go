@@ -86,6 +86,27 @@ func (s *Store) KindHasWorker(ctx context.Context, kind string) (bool, error) {
 	return n > 0, err
 }
 
+// Shortfall lists ready work no live worker has free slots for.
+func (s *Store) Shortfall(ctx context.Context) ([]store.Shortfall, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT t.queue, t.kind, count(*) FROM tasks t
+		WHERE t.state = 'ready' AND NOT EXISTS (
+			SELECT 1 FROM worker_kinds k JOIN workers w ON w.id = k.worker_id WHERE k.kind = t.kind AND w.free_slots > 0)
+		GROUP BY t.queue, t.kind ORDER BY t.queue, t.kind`)
+	if err != nil {
+		return nil, fmt.Errorf("shortfall: %w", err)
+	}
+	defer rows.Close()
+	var out []store.Shortfall
+	for rows.Next() {
+		var sf store.Shortfall
+		if err := rows.Scan(&sf.Queue, &sf.Kind, &sf.Waiting); err != nil {
+			return nil, err
+		}
+		out = append(out, sf)
+	}
+	return out, rows.Err()
+}
+
 func workerNotFound(id string) error {
 	return sluice.NotFound("worker %q is not registered (its lease may have expired): register again", id)
 }

@@ -867,3 +867,26 @@ func testKinds(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.False(t, has)
 }
+
+func testShortfall(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "resize", Queue: "q"}, store.NewTask{Kind: "resize", Queue: "q"}, store.NewTask{Kind: "mail"})
+	sf, err := h.st.Shortfall(h.ctx)
+	require.NoError(t, err)
+	// Only ready tasks count: the second resize waits for the queue's
+	// limit, not for a worker.
+	require.Equal(t, []store.Shortfall{{Queue: "mail", Kind: "mail", Waiting: 1}, {Queue: "q", Kind: "resize", Waiting: 1}}, sf)
+	h.worker("w", 1, "resize")
+	sf, err = h.st.Shortfall(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []store.Shortfall{{Queue: "mail", Kind: "mail", Waiting: 1}}, sf, "a worker with free slots covers resize")
+	h.claim("w", 1)
+	_, _, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 0}, 30*time.Second)
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "resize"})
+	sf, err = h.st.Shortfall(h.ctx)
+	require.NoError(t, err)
+	require.Contains(t, sf, store.Shortfall{Queue: "resize", Kind: "resize", Waiting: 1}, "the only resize worker is full")
+}
