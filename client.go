@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,7 +20,8 @@ import (
 // Backend, so a Worker can run against it. A Client is safe for concurrent
 // use; create one per server and reuse it.
 type Client struct {
-	base  string // scheme://host[/prefix], no trailing slash
+	bases []string     // scheme://host[/prefix], no trailing slash
+	cur   atomic.Int64 // index of the base in use
 	token string
 	hc    *http.Client
 }
@@ -51,9 +53,23 @@ const (
 )
 
 // NewClient returns a client for the server at baseURL, e.g.
-// "http://localhost:8080". A trailing slash is ignored.
+// "http://localhost:8080". A trailing slash is ignored. baseURL may list
+// several replicas of one cluster separated by commas
+// ("http://a:8080,http://b:8080"): the client uses one at a time and fails
+// over to the next when a connection cannot be made (the request surely
+// did not reach the server, so it is retried at once on the next replica)
+// or breaks mid-request (the error is returned, and the next call goes to
+// the next replica).
 func NewClient(baseURL string, opts ...ClientOption) *Client {
-	c := &Client{base: strings.TrimRight(baseURL, "/")}
+	c := &Client{}
+	for _, b := range strings.Split(baseURL, ",") {
+		if b = strings.TrimRight(strings.TrimSpace(b), "/"); b != "" {
+			c.bases = append(c.bases, b)
+		}
+	}
+	if len(c.bases) == 0 {
+		c.bases = []string{""}
+	}
 	for _, o := range opts {
 		o(c)
 	}
@@ -326,31 +342,48 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	u := c.base + path
-	if len(query) > 0 {
-		u += "?" + query.Encode()
-	}
-	var rd io.Reader
+	var payload []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return 0, fmt.Errorf("sluice: encoding %s %s: %w", method, path, err)
 		}
-		rd = bytes.NewReader(b)
+		payload = b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	req.Header.Set("Accept", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
+	var resp *http.Response
+	for tries := 0; ; tries++ {
+		i := c.cur.Load()
+		base := c.bases[int(i)%len(c.bases)]
+		u := base + path
+		if len(query) > 0 {
+			u += "?" + query.Encode()
+		}
+		var rd io.Reader
+		if payload != nil {
+			rd = bytes.NewReader(payload)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, u, rd)
+		if err != nil {
+			return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		req.Header.Set("Accept", "application/json")
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err = c.hc.Do(req)
+		if err == nil {
+			break
+		}
+		if len(c.bases) > 1 && ctx.Err() == nil {
+			// Fail over: later calls go to the next replica.
+			c.cur.CompareAndSwap(i, i+1)
+			if isDialError(err) && tries+1 < len(c.bases) {
+				continue // never reached the server: safe to retry at once
+			}
+		}
 		return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
 	}
 	defer func() {
@@ -367,6 +400,13 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		}
 	}
 	return resp.StatusCode, nil
+}
+
+// isDialError reports whether err means no connection was made, so the
+// server cannot have seen the request.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // decodeError turns a non-2xx response into *Error, or *AdmissionError for
