@@ -45,6 +45,44 @@ type fakeBackend struct {
 	checkClaim func(p ClaimParams, claimedSoFar int64)
 	// claimHook, when set, replaces Claim.
 	claimHook func(ctx context.Context, p ClaimParams) (*ClaimResult, error)
+	// down makes every worker call fail, as if the server vanished.
+	down bool
+	// waiters are closed once as many results are accepted.
+	waiters []resultWaiter
+}
+
+type resultWaiter struct {
+	n  int
+	ch chan struct{}
+}
+
+var errFakeDown = errors.New("fake: connection refused")
+
+// setDown makes the backend unreachable (true) or reachable again.
+func (f *fakeBackend) setDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+	f.wakeLocked()
+}
+
+// resultsReached returns a channel closed once n results are accepted.
+func (f *fakeBackend) resultsReached(n int) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := make(chan struct{})
+	if len(f.results) >= n {
+		close(ch)
+	} else {
+		f.waiters = append(f.waiters, resultWaiter{n, ch})
+	}
+	return ch
+}
+
+func (f *fakeBackend) heartbeatCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.heartbeats)
 }
 
 var _ Backend = (*fakeBackend)(nil)
@@ -157,6 +195,10 @@ func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams)
 	}
 	for {
 		f.mu.Lock()
+		if f.down {
+			f.mu.Unlock()
+			return nil, errFakeDown
+		}
 		if f.claimErrs > 0 {
 			f.claimErrs--
 			f.mu.Unlock()
@@ -201,6 +243,9 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down {
+		return nil, errFakeDown
+	}
 	if f.completeErrs > 0 {
 		f.completeErrs--
 		return nil, errors.New("fake: complete failed")
@@ -218,6 +263,13 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 		}
 		res.Results[i] = ResultAck{TaskID: r.TaskID, Status: status}
 	}
+	f.waiters = slices.DeleteFunc(f.waiters, func(w resultWaiter) bool {
+		if len(f.results) >= w.n {
+			close(w.ch)
+			return true
+		}
+		return false
+	})
 	return res, nil
 }
 
@@ -226,6 +278,9 @@ func (f *fakeBackend) Heartbeat(_ context.Context, _ string, p HeartbeatParams) 
 	defer f.mu.Unlock()
 	p.Held = slices.Clone(p.Held)
 	f.heartbeats = append(f.heartbeats, p)
+	if f.down {
+		return nil, errFakeDown
+	}
 	if f.heartbeatErr != nil {
 		return nil, f.heartbeatErr
 	}

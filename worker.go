@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // WorkerConfig configures a Worker. The zero value is usable: every field
@@ -35,6 +38,48 @@ type WorkerConfig struct {
 	ShutdownTimeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	// HeartbeatInterval overrides the heartbeat interval the server asks
+	// for at registration. Zero, the default, uses the server's. Run
+	// rejects an interval for which the server's lease is not more than
+	// twice the interval (S-W5).
+	HeartbeatInterval time.Duration
+	// LeaseLossAfter is how long heartbeats may fail before the worker
+	// presumes its leases lost: it then cancels the contexts of its tasks
+	// and drops their results, since the server is about to hand them to
+	// another worker (S-W5). It must lie strictly between the heartbeat
+	// interval and the lease, which Run checks once the server has told
+	// the lease. Zero, the default, means lease − interval/2.
+	LeaseLossAfter time.Duration
+	// MemoryHigh is the memory use, as a fraction of the memory limit,
+	// above which each sample (at most every 500ms) halves the claim size,
+	// down to 1; each sample below doubles it back (S-W3). Zero means the
+	// default, 0.8; a negative value turns memory backpressure off. At
+	// most 1.
+	MemoryHigh float64
+	// MemoryUsage reports memory use as a fraction of the limit. Nil, the
+	// default, reads the working set of the nearest cgroup (v2 or v1) with
+	// a memory limit over that limit, else the process's resident set
+	// over the machine's memory. An error turns memory backpressure off
+	// until a later sample succeeds (logged once).
+	MemoryUsage func() (float64, error)
+	// LatencyHigh is the p99 of the last 1000 task durations above which
+	// each sample halves the claim size, as MemoryHigh does (S-W3). Zero,
+	// the default, turns latency backpressure off.
+	LatencyHigh time.Duration
+	// MaxIdle makes Run stop, gracefully and returning nil, once the
+	// worker has had no task claimed or running for that long (S-W8).
+	// Zero, the default, never stops for idleness.
+	MaxIdle time.Duration
+	// Registerer receives the worker's Prometheus metrics while Run runs
+	// (S-W9): worker_in_flight_tasks, worker_tasks_completed_total{kind,
+	// outcome}, worker_task_duration_seconds{kind}, worker_claims_total,
+	// worker_claim_size, worker_claim_size_limit, worker_slots,
+	// worker_memory_used_ratio, worker_task_latency_p99_seconds and
+	// worker_backpressure_active{reason}. Nil, the default, means no
+	// metrics. Workers sharing a registry must each wrap it with
+	// prometheus.WrapRegistererWith and a distinct label.
+	Registerer prometheus.Registerer
 }
 
 // Defaults of WorkerConfig.
@@ -70,6 +115,9 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.MemoryHigh == 0 {
+		c.MemoryHigh = DefaultMemoryHigh
+	}
 	return c
 }
 
@@ -84,8 +132,55 @@ func (c WorkerConfig) Validate() error {
 		return Invalid("PollWait", "must be between 0 and %s, got %s", maxPollWait, c.PollWait)
 	case c.ShutdownTimeout < 0:
 		return Invalid("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	case c.HeartbeatInterval < 0:
+		return Invalid("HeartbeatInterval", "must not be negative, got %s", c.HeartbeatInterval)
+	case c.LeaseLossAfter < 0:
+		return Invalid("LeaseLossAfter", "must not be negative, got %s", c.LeaseLossAfter)
+	case c.LeaseLossAfter > 0 && c.HeartbeatInterval > 0 && c.LeaseLossAfter <= c.HeartbeatInterval:
+		return Invalid("LeaseLossAfter", "must be more than HeartbeatInterval (%s), got %s", c.HeartbeatInterval, c.LeaseLossAfter)
+	case math.IsNaN(c.MemoryHigh) || c.MemoryHigh > 1:
+		return Invalid("MemoryHigh", "must be at most 1 (a fraction of the memory limit), got %v", c.MemoryHigh)
+	case c.LatencyHigh < 0:
+		return Invalid("LatencyHigh", "must not be negative, got %s", c.LatencyHigh)
+	case c.MaxIdle < 0:
+		return Invalid("MaxIdle", "must not be negative, got %s", c.MaxIdle)
 	}
 	return nil
+}
+
+// workerTimings derives the heartbeat interval and the lease-loss threshold
+// from the server's registration answer and the config, and checks them
+// (S-W5): the lease must be more than twice the interval, and the threshold
+// strictly between the two, so that a worker stops its tasks after missing
+// more than one heartbeat but before the server gives them away.
+func (c WorkerConfig) workerTimings(reg *WorkerRegistration) (lease, interval, lossAfter time.Duration, err error) {
+	lease = reg.Lease.D()
+	if lease <= 0 {
+		lease = defaultLease
+	}
+	interval = c.HeartbeatInterval
+	from := "this worker's heartbeat-interval"
+	if interval == 0 {
+		interval = reg.HeartbeatInterval.D()
+		from = "the server"
+	}
+	if interval <= 0 {
+		interval = lease / 3
+	}
+	if lease <= 2*interval {
+		return 0, 0, 0, Invalid("HeartbeatInterval",
+			"lease (%s, from the server's --lease) must be more than 2 × heartbeat-interval (%s, from %s): lower heartbeat-interval or raise the lease",
+			lease, interval, from)
+	}
+	lossAfter = c.LeaseLossAfter
+	if lossAfter == 0 {
+		lossAfter = lease - interval/2
+	}
+	if lossAfter <= interval || lossAfter >= lease {
+		return 0, 0, 0, Invalid("LeaseLossAfter",
+			"must lie strictly between heartbeat-interval (%s) and lease (%s), got %s", interval, lease, lossAfter)
+	}
+	return lease, interval, lossAfter, nil
 }
 
 // Internal limits and timings.
@@ -141,6 +236,20 @@ type Worker struct {
 	complDone chan struct{}
 
 	baseCtx context.Context // values of Run's ctx, never cancelled
+
+	bp      *backpressure
+	metrics *workerMetrics         // nil without a Registerer
+	kinds   map[string]*kindRunner // built by Run; read-only after
+	// Monotonic clock offsets from epoch, set just before registering.
+	epoch  time.Time
+	hbOK   atomic.Int64 // send time of the last successful heartbeat
+	active atomic.Int64 // last claim with tasks or slot freed (MaxIdle only)
+}
+
+// kindRunner is what running a task of one kind needs.
+type kindRunner struct {
+	h HandlerFunc // nil: the server handed out a kind not registered here
+	m *kindMetrics
 }
 
 // Task run states. A transition is a CompareAndSwap, so exactly one party
@@ -177,6 +286,7 @@ func NewWorker(b Backend, cfg WorkerConfig) *Worker {
 		held:      make(map[int64]*taskRun),
 		flush:     make(chan struct{}),
 		complDone: make(chan struct{}),
+		bp:        newBackpressure(cfg, cfg.Logger),
 	}
 	// The channel absorbs results while a Complete call is in flight; a
 	// full channel makes handlers wait (backpressure).
@@ -212,12 +322,14 @@ func (w *Worker) ID() string {
 }
 
 // Run registers the worker with the kinds registered so far, then claims and
-// runs tasks until ctx is done. It then shuts down gracefully (S-W7): it
-// stops claiming, releases claimed tasks that have not started, lets running
-// tasks finish for up to ShutdownTimeout, cancels and releases the rest,
-// sends the pending results and deregisters. Run returns nil after a clean
-// shutdown, and an error when the configuration is invalid or registration
-// fails. It may be called once.
+// runs tasks until ctx is done, or until it has been idle for MaxIdle. It
+// then shuts down gracefully (S-W7): it stops claiming, releases claimed
+// tasks that have not started, lets running tasks finish for up to
+// ShutdownTimeout, cancels and releases the rest, sends the pending results
+// and deregisters. Run returns nil after a clean shutdown, and an error when
+// the configuration is invalid (including a lease from the server that is
+// not more than twice the heartbeat interval), the metrics cannot be
+// registered, or registration fails. It may be called once.
 func (w *Worker) Run(ctx context.Context) error {
 	if w.cfgErr != nil {
 		return fmt.Errorf("sluice: worker config: %w", w.cfgErr)
@@ -233,22 +345,50 @@ func (w *Worker) Run(ctx context.Context) error {
 		kinds = append(kinds, k)
 	}
 	slices.Sort(kinds)
+
+	memSource := "injected"
+	if w.bp.sampler == nil {
+		if src, err := defaultMemoryUsage(); err != nil {
+			w.log.Warn("cannot read memory use; memory backpressure is off", "err", err)
+			memSource = "none"
+		} else {
+			w.bp.sampler, memSource = src.sample, src.String()
+		}
+	}
+	if w.cfg.Registerer != nil {
+		m, err := newWorkerMetrics(w.cfg.Registerer, w)
+		if err != nil {
+			return fmt.Errorf("sluice: %w", err)
+		}
+		w.metrics = m
+		defer m.unregister()
+	}
+	w.kinds = make(map[string]*kindRunner, len(w.handlers))
+	for k, h := range w.handlers {
+		w.kinds[k] = &kindRunner{h: h, m: w.metrics.forKind(k)}
+	}
+
+	// Leases start no earlier than the registration request.
+	w.epoch = time.Now()
 	reg, err := w.b.RegisterWorker(ctx, RegisterWorkerParams{Name: w.cfg.Name, Kinds: kinds, Slots: w.cfg.Slots})
 	if err != nil {
 		return fmt.Errorf("sluice: registering worker: %w", err)
 	}
 	id := reg.ID
 	w.id.Store(&id)
-	lease, interval := reg.Lease.D(), reg.HeartbeatInterval.D()
-	if lease <= 0 {
-		lease = defaultLease
-	}
-	if interval <= 0 {
-		interval = lease / 3
-	}
 	w.log = w.log.With("worker_id", id)
+	lease, interval, lossAfter, err := w.cfg.workerTimings(reg)
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if derr := w.b.DeregisterWorker(cctx, id); derr != nil {
+			w.log.Error("deregistering worker", "err", derr)
+		}
+		return fmt.Errorf("sluice: worker config: %w", err)
+	}
 	w.log.Info("worker registered", "name", w.cfg.Name, "kinds", kinds, "slots", w.cfg.Slots,
-		"lease", lease, "heartbeat_interval", interval)
+		"claim_batch", w.cfg.ClaimBatch, "lease", lease, "heartbeat_interval", interval, "lease_loss_after", lossAfter,
+		"memory_high", w.cfg.MemoryHigh, "memory_source", memSource, "latency_high", w.cfg.LatencyHigh, "max_idle", w.cfg.MaxIdle)
 
 	w.free.Store(int64(w.cfg.Slots))
 	w.baseCtx = context.WithoutCancel(ctx)
@@ -256,21 +396,69 @@ func (w *Worker) Run(ctx context.Context) error {
 	// tasks finish. It is cancelled when cleanup gives up.
 	bgCtx, bgCancel := context.WithCancel(w.baseCtx)
 	defer bgCancel()
+	// runCtx ends claiming: when ctx is done, or after MaxIdle idle.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	hbStop := make(chan struct{})
 	var bg sync.WaitGroup
-	bg.Go(func() { w.heartbeatLoop(bgCtx, hbStop, lease, interval) })
+	bg.Go(func() { w.heartbeatLoop(bgCtx, hbStop, interval, lossAfter) })
+	bg.Go(func() { w.leaseWatchdog(bgCtx, hbStop, lossAfter) })
 	bg.Go(func() { w.completeLoop(bgCtx) })
+	if w.cfg.MaxIdle > 0 {
+		bg.Go(func() { w.idleLoop(runCtx, stopRun) })
+	}
 	claimDone := make(chan struct{})
 	go func() {
 		defer close(claimDone)
-		w.claimLoop(ctx)
+		w.claimLoop(runCtx)
 	}()
 
-	<-ctx.Done()
+	<-runCtx.Done()
 	<-claimDone
 	w.shutdown(bgCancel, hbStop)
 	bg.Wait()
 	return nil
+}
+
+// since returns the monotonic time since epoch.
+func (w *Worker) since() time.Duration { return time.Since(w.epoch) }
+
+// markActive notes activity for MaxIdle.
+func (w *Worker) markActive() {
+	if w.cfg.MaxIdle > 0 {
+		w.active.Store(int64(w.since()))
+	}
+}
+
+// idleLoop ends Run (through exit) once no task has been claimed or
+// running for MaxIdle (S-W8).
+func (w *Worker) idleLoop(ctx context.Context, exit context.CancelFunc) {
+	maxIdle := w.cfg.MaxIdle
+	t := time.NewTimer(maxIdle)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// free before active: the claim loop marks activity before it
+		// takes slots, so a claim racing this check is seen by one of the
+		// two reads. A claim missed by both has its tasks launched or
+		// released by the shutdown, like any claim that races a stop.
+		busy := w.free.Load() < int64(w.cfg.Slots)
+		idle := w.since() - time.Duration(w.active.Load())
+		if !busy && idle >= maxIdle {
+			w.log.Info("worker idle for max-idle; stopping", "idle_for", idle.Round(time.Millisecond), "max_idle", maxIdle)
+			exit()
+			return
+		}
+		next := maxIdle - idle
+		if busy || next <= 0 {
+			next = maxIdle
+		}
+		t.Reset(next)
+	}
 }
 
 // shutdown runs after the claim loop has stopped.
@@ -363,19 +551,38 @@ func (w *Worker) release(ctx context.Context, ids []int64) {
 	}
 }
 
-// claimLoop claims while ctx is live and there are free slots.
+// claimLoop claims while ctx is live and there are free slots (S-W1): an
+// idle worker long-polls, a busy one claims again as soon as a slot frees.
+// Each claim asks for min(free slots, claim limit), the limit being the
+// claim batch shrunk by backpressure (S-W3).
 func (w *Worker) claimLoop(ctx context.Context) {
 	backoff := claimBackoffMin
-	var timer *time.Timer
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	pause := func(d time.Duration) {
+		timer.Reset(d)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+		}
+	}
 	for ctx.Err() == nil {
-		n := min(w.free.Load(), int64(w.cfg.ClaimBatch))
-		if n == 0 {
+		free := w.free.Load()
+		if free == 0 {
 			select {
 			case <-w.slotFreed:
 			case <-ctx.Done():
 			}
 			continue
 		}
+		limit, wait := w.bp.claimLimit(time.Now())
+		if wait > 0 {
+			pause(wait)
+			continue
+		}
+		n := min(free, int64(limit))
 		res, err := w.b.Claim(ctx, w.ID(), ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait)})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -383,22 +590,15 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			}
 			d := backoff/2 + rand.N(backoff/2+1)
 			w.log.Error("claiming tasks", "err", err, "retry_in", d)
-			if timer == nil {
-				timer = time.NewTimer(d)
-				defer timer.Stop()
-			} else {
-				timer.Reset(d)
-			}
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-			}
+			pause(d)
 			backoff = min(backoff*2, claimBackoffMax)
 			continue
 		}
 		backoff = claimBackoffMin
+		w.metrics.claimed(len(res.Tasks))
 		w.cancelTasks(res.Cancel, errServerCancel)
 		if len(res.Tasks) > 0 {
+			w.markActive()
 			// Tasks that arrive as Run's context ends are not started:
 			// the shutdown releases them.
 			w.start(res.Tasks, n, ctx.Err() == nil)
@@ -450,6 +650,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 
 // freeSlot returns a slot and wakes the claim loop.
 func (w *Worker) freeSlot() {
+	w.markActive()
 	w.free.Add(1)
 	select {
 	case w.slotFreed <- struct{}{}:
@@ -465,46 +666,67 @@ func (w *Worker) run(tr *taskRun) {
 		w.freeSlot()
 		return
 	}
-	tr.tc.StartedAt = time.Now()
+	kr := w.kinds[tr.tc.Kind]
+	if kr == nil {
+		kr = &kindRunner{m: w.metrics.forKind(tr.tc.Kind)}
+	}
+	start := time.Now()
+	tr.tc.StartedAt = start
 	ctx := tr.ctx
 	if tr.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, tr.timeout, &timeoutError{tr.timeout})
 		defer cancel()
 	}
-	out, err := w.call(ctx, tr)
+	out, err := w.call(ctx, tr, kr.h)
+	took := time.Since(start)
 	w.freeSlot()
+	w.bp.lat.record(took)
 
 	r := &tr.result
 	r.TaskID, r.Attempt = tr.tc.ID, tr.tc.Attempt
+	outcome := outcomeSucceeded
 	if ctx.Err() != nil {
 		switch cause := context.Cause(ctx); {
-		case cause == errShutdown, cause == errLeaseLost:
-			// Released or dropped by whoever cancelled it.
+		case cause == errShutdown:
+			// Released by the shutdown: it did not complete here.
+			return
+		case cause == errLeaseLost:
+			// Dropped by whoever cancelled it.
+			kr.m.finished(outcomeLost, took)
 			return
 		case cause == errServerCancel:
 			r.Error, r.NoRetry = "cancelled", true
 			out, err = nil, nil
+			outcome = outcomeCancelled
 		default:
 			var te *timeoutError
 			if errors.As(cause, &te) {
 				r.Error = te.Error()
 				out, err = nil, nil
+				outcome = outcomeTimeout
 			}
 		}
 	}
 	if err != nil {
 		failResult(r, err)
+		outcome = outcomeFailed
 	} else if r.Error == "" && len(out) > 0 {
 		if json.Valid(out) {
 			r.Output = out
 		} else {
 			r.Error, r.NoRetry = "handler returned invalid JSON output", true
+			outcome = outcomeFailed
 		}
 	}
 	if !tr.state.CompareAndSwap(stRunning, stDone) {
-		return // lost or released meanwhile
+		// Lost or released meanwhile.
+		if tr.state.Load() == stLost {
+			kr.m.finished(outcomeLost, took)
+		}
+		return
 	}
+	kr.m.finished(outcome, took)
 	select {
 	case w.results <- tr:
 	case <-w.complDone:
@@ -512,9 +734,8 @@ func (w *Worker) run(tr *taskRun) {
 	}
 }
 
-// call runs the handler, turning a panic into an error.
-func (w *Worker) call(ctx context.Context, tr *taskRun) (out json.RawMessage, err error) {
-	h := w.handlers[tr.tc.Kind]
+// call runs the handler h, turning a panic into an error.
+func (w *Worker) call(ctx context.Context, tr *taskRun, h HandlerFunc) (out json.RawMessage, err error) {
 	if h == nil {
 		return nil, NoRetry(fmt.Errorf("no handler for kind %q on this worker", tr.tc.Kind))
 	}
@@ -572,17 +793,11 @@ func (w *Worker) loseTasks(ids []int64) int {
 	return n
 }
 
-// heartbeatLoop extends leases every interval until stop is closed (S-W4).
-// When heartbeats have failed for longer than lease minus one interval, the
-// leases are presumed lost and every held task is stopped (S-W5).
-func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, lease, interval time.Duration) {
-	threshold := lease - interval
-	if threshold <= interval {
-		threshold = (lease + interval) / 2
-	}
+// heartbeatLoop extends the leases of every held task and reports the
+// worker's capacity every interval until stop is closed (S-W4).
+func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interval, lossAfter time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	lastOK := time.Now()
 	var heldIDs []int64
 	for {
 		select {
@@ -598,31 +813,64 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, lease,
 			heldIDs = append(heldIDs, id)
 		}
 		w.mu.Unlock()
+		sent := w.since()
+		w.bp.sampleIfDue(time.Now())
+		p := HeartbeatParams{
+			Slots:           w.cfg.Slots,
+			FreeSlots:       int(w.free.Load()),
+			Held:            heldIDs,
+			MemoryUsedRatio: w.bp.memoryRatio(),
+			P99Latency:      Duration(w.bp.p99Latency()),
+		}
 		// A late heartbeat still helps while leases last; a call cut short
 		// by a tight timeout costs the connection.
-		hctx, cancel := context.WithTimeout(ctx, max(threshold, interval))
-		res, err := w.b.Heartbeat(hctx, w.ID(), HeartbeatParams{FreeSlots: int(w.free.Load()), Held: heldIDs})
+		hctx, cancel := context.WithTimeout(ctx, lossAfter)
+		res, err := w.b.Heartbeat(hctx, w.ID(), p)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			failing := time.Since(lastOK)
-			w.log.Error("heartbeat failed", "err", err, "failing_for", failing)
-			if failing > threshold {
-				if n := w.loseTasks(nil); n > 0 {
-					w.log.Error("heartbeats failed past the lease-loss threshold; stopped all tasks and dropped their results",
-						"tasks", n, "threshold", threshold)
-				}
-			}
+			w.log.Error("heartbeat failed", "err", err, "failing_for", (w.since() - time.Duration(w.hbOK.Load())).Round(time.Millisecond))
 			continue
 		}
-		lastOK = time.Now()
+		// The server extended the leases no earlier than the send.
+		w.hbOK.Store(int64(sent))
 		if len(res.Lost) > 0 {
 			n := w.loseTasks(res.Lost)
 			w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
 		}
 		w.cancelTasks(res.Cancel, errServerCancel)
+	}
+}
+
+// leaseWatchdog stops every held task once no heartbeat has succeeded for
+// lossAfter (S-W5): the server will soon give those tasks to another
+// worker, so they must not also go on running here. It runs apart from the
+// heartbeat loop so that a heartbeat call hanging on a dead connection
+// cannot delay it. It keeps watching afterwards: tasks claimed later are
+// stopped in turn while heartbeats keep failing.
+func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAfter time.Duration) {
+	t := time.NewTimer(lossAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		failing := w.since() - time.Duration(w.hbOK.Load())
+		if failing < lossAfter {
+			t.Reset(lossAfter - failing)
+			continue
+		}
+		if n := w.loseTasks(nil); n > 0 {
+			w.log.Error("no heartbeat succeeded for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
+				"tasks", n, "failing_for", failing.Round(time.Millisecond), "lease_loss_after", lossAfter)
+		}
+		t.Reset(lossAfter)
 	}
 }
 

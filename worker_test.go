@@ -268,7 +268,7 @@ func TestWorkerCancelViaHeartbeat(t *testing.T) {
 func TestWorkerCancelViaClaim(t *testing.T) {
 	t.Parallel()
 	f := newFakeBackend()
-	f.interval = time.Hour // only the claim can carry the cancel
+	f.lease, f.interval = 3*time.Hour, time.Hour // only the claim can carry the cancel
 	h := newBlockingHandler()
 	w := newTestWorker(f, WorkerConfig{Slots: 2})
 	w.Register("test", h.handle)
@@ -307,22 +307,25 @@ func TestWorkerLostLeaseDropsResult(t *testing.T) {
 	})
 }
 
-// TestWorkerLeaseLossSelfAbort: when heartbeats fail past lease minus one
-// interval, running tasks are stopped and their results dropped (S-W5).
+// TestWorkerLeaseLossSelfAbort: when no heartbeat succeeds for
+// LeaseLossAfter (here from registration on), running tasks are stopped and
+// their results dropped (S-W5), never before the threshold.
 func TestWorkerLeaseLossSelfAbort(t *testing.T) {
 	t.Parallel()
 	f := newFakeBackend()
 	f.lease, f.interval = 100*time.Millisecond, 10*time.Millisecond
 	f.heartbeatErr = errors.New("fake: network down")
 	h := newBlockingHandler()
-	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w := newTestWorker(f, WorkerConfig{Slots: 2, LeaseLossAfter: 60 * time.Millisecond})
 	w.Register("test", h.handle)
+	beforeRun := time.Now()
 	stop := runWorker(t, w)
 	id := f.add(1, ClaimedTask{})[0]
 	<-h.started
-	start := time.Now()
 	require.ErrorIs(t, <-h.causes, errLeaseLost)
-	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	// The worker's clock starts at registration, after beforeRun: the
+	// abort cannot have come sooner than the threshold after it.
+	require.GreaterOrEqual(t, time.Since(beforeRun), 60*time.Millisecond)
 	require.NoError(t, stop())
 	f.locked(func() {
 		require.Equal(t, 0, f.reported[id])
@@ -330,20 +333,172 @@ func TestWorkerLeaseLossSelfAbort(t *testing.T) {
 	})
 }
 
-func TestWorkerHeartbeatReportsHeld(t *testing.T) {
+// TestWorkerLeaseLossWhenServerVanishes is the ledger of S-W5: while
+// heartbeats succeed, running tasks keep running well past a lease; once
+// the server vanishes they are cancelled with errLeaseLost and their results
+// never sent; when it comes back the worker goes on with new work.
+func TestWorkerLeaseLossWhenServerVanishes(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.lease, f.interval = 100*time.Millisecond, 10*time.Millisecond
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 8})
+	w.Register("test", h.handle)
+	w.Register("noop", noop)
+	stop := runWorker(t, w)
+	ids := f.add(5, ClaimedTask{})
+	for range ids {
+		<-h.started
+	}
+	// Three leases' worth of heartbeats: nothing is stopped meanwhile.
+	base := f.heartbeatCount()
+	require.Eventually(t, func() bool { return f.heartbeatCount() >= base+30 }, waitFor, tick)
+	require.Empty(t, h.causes)
+
+	f.setDown(true)
+	for range ids {
+		require.ErrorIs(t, <-h.causes, errLeaseLost)
+	}
+	f.setDown(false)
+	// The worker carries on: a new task runs and is reported.
+	other := f.add(1, ClaimedTask{Kind: "noop"})[0]
+	<-f.resultsReached(1)
+	require.NoError(t, stop())
+	f.locked(func() {
+		for _, id := range ids {
+			require.Zero(t, f.reported[id], "task %d: a lost task's result must be dropped", id)
+			require.NotContains(t, f.released, id)
+		}
+		require.Equal(t, 1, f.reported[other])
+	})
+	require.Equal(t, int64(8), w.free.Load())
+}
+
+// TestWorkerRejectsBadTimings: Run refuses a lease that is not more than
+// twice the heartbeat interval, naming both settings, and a lease-loss
+// threshold outside (interval, lease); it deregisters what it registered.
+func TestWorkerRejectsBadTimings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name            string
+		lease, interval time.Duration // from the server
+		cfg             WorkerConfig
+		field           string
+		want            []string
+	}{
+		{"server lease too short", 100 * time.Millisecond, 50 * time.Millisecond, WorkerConfig{}, "HeartbeatInterval",
+			[]string{"lease (100ms", "2 × heartbeat-interval (50ms, from the server)"}},
+		{"override too long", 30 * time.Second, 10 * time.Second, WorkerConfig{HeartbeatInterval: 15 * time.Second}, "HeartbeatInterval",
+			[]string{"lease (30s", "2 × heartbeat-interval (15s, from this worker's heartbeat-interval)"}},
+		{"loss threshold at the lease", 30 * time.Second, 10 * time.Second, WorkerConfig{LeaseLossAfter: 30 * time.Second}, "LeaseLossAfter",
+			[]string{"heartbeat-interval (10s)", "lease (30s)", "got 30s"}},
+		{"loss threshold under the interval", 30 * time.Second, 10 * time.Second, WorkerConfig{LeaseLossAfter: 5 * time.Second}, "LeaseLossAfter",
+			[]string{"strictly between"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeBackend()
+			f.lease, f.interval = tc.lease, tc.interval
+			w := newTestWorker(f, tc.cfg)
+			w.Register("test", noop)
+			err := w.Run(context.Background())
+			var e *Error
+			require.ErrorAs(t, err, &e)
+			require.Equal(t, tc.field, e.Field)
+			for _, s := range tc.want {
+				require.ErrorContains(t, err, s)
+			}
+			f.locked(func() {
+				require.True(t, f.deregistered)
+				require.Empty(t, f.claims)
+			})
+		})
+	}
+	// Statically wrong: caught before registering.
+	f := newFakeBackend()
+	err := newTestWorker(f, WorkerConfig{HeartbeatInterval: 10 * time.Second, LeaseLossAfter: 5 * time.Second}).Run(context.Background())
+	require.ErrorContains(t, err, "LeaseLossAfter: must be more than HeartbeatInterval")
+	require.Empty(t, f.registered)
+}
+
+func TestWorkerTimingsDefaults(t *testing.T) {
+	t.Parallel()
+	reg := &WorkerRegistration{Lease: Duration(30 * time.Second), HeartbeatInterval: Duration(10 * time.Second)}
+	lease, interval, loss, err := WorkerConfig{}.workerTimings(reg)
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{30 * time.Second, 10 * time.Second, 25 * time.Second}, []time.Duration{lease, interval, loss})
+
+	// The override wins over the server's interval.
+	_, interval, loss, err = WorkerConfig{HeartbeatInterval: 5 * time.Second}.workerTimings(reg)
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{5 * time.Second, 27500 * time.Millisecond}, []time.Duration{interval, loss})
+
+	// A server that says nothing: 30s lease, a third of it as interval.
+	lease, interval, _, err = WorkerConfig{}.workerTimings(&WorkerRegistration{})
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{defaultLease, defaultLease / 3}, []time.Duration{lease, interval})
+}
+
+// TestWorkerMaxIdle: a worker exits by itself, cleanly, after MaxIdle with
+// nothing claimed or running, but never while a task runs (S-W8).
+func TestWorkerMaxIdle(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.interval = 5 * time.Millisecond
+	release := make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 4, MaxIdle: 30 * time.Millisecond, PollWait: time.Minute})
+	w.Register("test", func(ctx context.Context, _ *TaskContext) (json.RawMessage, error) {
+		<-release
+		return json.RawMessage(`1`), nil
+	})
+	ids := f.add(2, ClaimedTask{})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+
+	// Busy for many times MaxIdle (counted in heartbeats): still running.
+	require.Eventually(t, func() bool { return f.heartbeatCount() >= 40 }, waitFor, tick)
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v while tasks ran", err)
+	default:
+	}
+	close(release)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("an idle worker did not exit")
+	}
+	f.locked(func() {
+		for _, id := range ids {
+			require.Equal(t, 1, f.reported[id])
+		}
+		require.True(t, f.deregistered)
+	})
+}
+
+// TestWorkerHeartbeatReportsCapacity: heartbeats carry the held tasks,
+// slots, free slots, memory use and the recent p99 (S-W4).
+func TestWorkerHeartbeatReportsCapacity(t *testing.T) {
 	t.Parallel()
 	f := newFakeBackend()
 	h := newBlockingHandler()
-	w := newTestWorker(f, WorkerConfig{Slots: 4, ShutdownTimeout: time.Millisecond})
+	w := newTestWorker(f, WorkerConfig{Slots: 4, ShutdownTimeout: time.Millisecond,
+		MemoryUsage: func() (float64, error) { return 0.42, nil }})
+	w.bp.every = 0
 	w.Register("test", h.handle)
+	w.Register("noop", noop)
 	runWorker(t, w)
+	f.add(1, ClaimedTask{Kind: "noop"})
+	<-f.resultsReached(1)
 	id := f.add(1, ClaimedTask{})[0]
 	<-h.started
 	require.Eventually(t, func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		for _, hb := range f.heartbeats {
-			if hb.FreeSlots == 3 && slices.Equal(hb.Held, []int64{id}) {
+			if hb.FreeSlots == 3 && slices.Equal(hb.Held, []int64{id}) && hb.Slots == 4 &&
+				hb.MemoryUsedRatio == 0.42 && hb.P99Latency > 0 {
 				return true
 			}
 		}
@@ -495,6 +650,9 @@ func TestWorkerShutdownWaitsForRunning(t *testing.T) {
 	cancel()
 	// The worker is shutting down once it stopped claiming; it still waits.
 	require.Eventually(t, func() bool { return w.stopping.Load() }, waitFor, tick)
+	var claimsAtStop int
+	f.locked(func() { claimsAtStop = len(f.claims) })
+	f.add(3, ClaimedTask{}) // not claimed any more
 	select {
 	case err := <-done:
 		t.Fatalf("Run returned %v while a task was running", err)
@@ -506,6 +664,8 @@ func TestWorkerShutdownWaitsForRunning(t *testing.T) {
 		require.Equal(t, []TaskResult{{TaskID: id, Attempt: 1, Output: json.RawMessage(`"done"`)}}, f.results[id])
 		require.Empty(t, f.released)
 		require.True(t, f.deregistered)
+		require.Len(t, f.claims, claimsAtStop, "no claim once shutdown began")
+		require.Len(t, f.ready, 3)
 	})
 }
 
@@ -529,10 +689,11 @@ func TestWorkerShutdownDeadlineReleases(t *testing.T) {
 		require.ErrorIs(t, <-h.causes, errShutdown)
 	}
 	f.locked(func() {
-		require.ElementsMatch(t, ids, f.released)
+		require.ElementsMatch(t, ids, f.released, "each released exactly once")
 		require.Empty(t, f.reported)
 		require.True(t, f.deregistered)
 	})
+	require.Equal(t, int64(4), w.free.Load())
 }
 
 // TestWorkerShutdownReleasesUnstarted: tasks a claim returns as the worker
@@ -573,23 +734,4 @@ func TestWorkerID(t *testing.T) {
 	w.Register("test", noop)
 	runWorker(t, w)
 	require.Eventually(t, func() bool { return w.ID() == "w1" }, waitFor, tick)
-}
-
-// BenchmarkWorkerNoop measures no-op tasks per second through the worker
-// against the in-memory backend (claim, run, batched complete).
-func BenchmarkWorkerNoop(b *testing.B) {
-	f := newFakeBackend()
-	f.interval = time.Second
-	w := NewWorker(f, WorkerConfig{Slots: 1000, Logger: quiet})
-	w.Register("test", noop)
-	stop := runWorker(b, w)
-	b.ReportAllocs()
-	start := time.Now()
-	f.add(b.N, ClaimedTask{})
-	for f.resultCount() < b.N {
-		time.Sleep(100 * time.Microsecond)
-	}
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
-	b.StopTimer()
-	_ = stop()
 }

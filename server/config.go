@@ -37,6 +37,10 @@ type Config struct {
 	// one with the most free capacity) or "pack" (a stable order, so
 	// surplus workers go idle). Defaults to "spread".
 	Dispatch string
+	// Retention is how long finished tasks are kept before deletion, in
+	// bounded batches. Defaults to 7 days (168h); negative keeps them
+	// forever.
+	Retention time.Duration
 	// ProvisionerCommand (run with sh -c, request on stdin) and/or
 	// ProvisionerURL (POSTed JSON) are called, at most once per
 	// ProvisionerInterval (default 30s), while ready tasks wait with no
@@ -68,6 +72,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Dispatch == "" {
 		c.Dispatch = "spread"
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
 	}
 	if c.ProvisionerInterval == 0 {
 		c.ProvisionerInterval = 30 * time.Second

@@ -63,6 +63,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxActive:     cfg.MaxActive,
 		SweepInterval: cfg.SweepInterval,
 		Dispatch:      engine.Dispatch(cfg.Dispatch),
+		Retention:     cfg.Retention,
 		Provisioner: engine.ProvisionerConfig{
 			Command:  cfg.ProvisionerCommand,
 			URL:      cfg.ProvisionerURL,

@@ -2,13 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -30,7 +36,15 @@ type workerFlags struct {
 	claimBatch      int
 	pollWait        time.Duration
 	shutdownTimeout time.Duration
+	memoryHigh      float64
+	latencyHigh     time.Duration
 	logLevel        string
+
+	// Only `sluice worker`, not the in-process worker of `sluice dev`.
+	heartbeatInterval time.Duration
+	leaseLossAfter    time.Duration
+	maxIdle           time.Duration
+	metricsAddr       string
 }
 
 func (a *app) newWorkerCmd() *cobra.Command {
@@ -39,7 +53,18 @@ func (a *app) newWorkerCmd() *cobra.Command {
 		if f.token != "" {
 			opts = append(opts, sluice.WithToken(f.token))
 		}
-		w := sluice.NewWorker(sluice.NewClient(f.server, opts...), f.config(logger))
+		cfg := f.config(logger)
+		if f.metricsAddr != "" {
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			cfg.Registerer = reg
+			_, stopMetrics, err := serveMetrics(ctx, f.metricsAddr, reg, logger)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
+		}
+		w := sluice.NewWorker(sluice.NewClient(f.server, opts...), cfg)
 		registerBuiltins(w, chosen, f.allowExec)
 		logger.Info("worker starting", "server", f.server, "kinds", chosen, "slots", f.slots)
 		if err := w.Run(ctx); err != nil {
@@ -48,6 +73,57 @@ func (a *app) newWorkerCmd() *cobra.Command {
 		logger.Info("worker stopped")
 		return nil
 	})
+}
+
+// Timeouts of the metrics server: a scrape is small and quick.
+const (
+	metricsReadHeaderTimeout = 5 * time.Second
+	metricsWriteTimeout      = 30 * time.Second
+	metricsIdleTimeout       = 2 * time.Minute
+	metricsShutdownTimeout   = 5 * time.Second
+)
+
+// serveMetrics serves reg at /metrics on addr (S-W9) until stop is called,
+// and returns the address it listens on. A listen error is returned at
+// once, naming the flag.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, logger *slog.Logger) (bound string, stop func(), err error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError),
+		Timeout:  metricsWriteTimeout - time.Second,
+	}))
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: metricsReadHeaderTimeout,
+		ReadTimeout:       metricsReadHeaderTimeout,
+		WriteTimeout:      metricsWriteTimeout,
+		IdleTimeout:       metricsIdleTimeout,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("metrics server stopped", "err", err)
+		}
+	}()
+	bound = ln.Addr().String()
+	logger.Info("worker metrics listening", "url", "http://"+bound+"/metrics")
+	return bound, func() {
+		// The worker has stopped: ctx is done, but a scrape in flight may
+		// finish.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metricsShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+		}
+		<-served
+	}, nil
 }
 
 // workerCmd builds `sluice worker` around run, which tests replace to see
@@ -67,10 +143,20 @@ command on this machine, so it is left out by default and needs both
 The first SIGINT or SIGTERM stops claiming, lets running tasks finish for
 up to --shutdown-timeout, then releases the rest to other workers; a second
 signal exits at once (the server recovers those tasks when their lease
-expires).`,
+expires).
+
+Backpressure: each sample (at most every 500ms) with memory use above
+--memory-high (a fraction of the cgroup limit, else of the machine's memory)
+or with the p99 of the last 1000 task durations above --latency-high halves
+the claim size, down to 1; each sample below doubles it back.
+
+With --max-idle, the worker stops by itself (gracefully, exit status 0) once
+it has had no task claimed or running for that long. With --metrics-addr it
+serves Prometheus metrics at /metrics.`,
 		Example: `  sluice worker --server http://127.0.0.1:8080 --token "$WORKER_TOKEN"
   sluice worker --kinds sleep,echo --slots 50 --name batch-1
-  sluice worker --kinds exec --allow-exec --slots 4`,
+  sluice worker --kinds exec --allow-exec --slots 4
+  sluice worker --max-idle 10m --metrics-addr 127.0.0.1:9464 --latency-high 30s`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := a.newLogger(f.logLevel)
@@ -96,6 +182,10 @@ expires).`,
 	fs.StringVar(&f.kinds, "kinds", strings.Join(defaultKinds(), ","), "comma-separated built-in kinds to handle")
 	fs.BoolVar(&f.allowExec, "allow-exec", false, "allow the exec kind, which runs commands on this machine")
 	addWorkerCapacityFlags(fs, &f)
+	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 0, "heartbeat every this long instead of the interval the server asks for (0 = the server's); the server's lease must be more than twice it")
+	fs.DurationVar(&f.leaseLossAfter, "lease-loss-after", 0, "after this long without a successful heartbeat, stop every running task and drop its result; strictly between the heartbeat interval and the lease (0 = lease − interval/2)")
+	fs.DurationVar(&f.maxIdle, "max-idle", 0, "stop gracefully after this long with no task claimed or running (0 = never)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (empty = off)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	bindAllEnv(fs)
 	bindEnv(fs, "token", "SLUICE_WORKER_TOKEN")
@@ -109,6 +199,8 @@ func addWorkerCapacityFlags(fs *pflag.FlagSet, f *workerFlags) {
 	fs.IntVar(&f.claimBatch, "claim-batch", sluice.DefaultClaimBatch, "most tasks asked for in one claim (≥ 1)")
 	fs.DurationVar(&f.pollWait, "poll-wait", sluice.DefaultPollWait, "how long one claim long-polls when nothing is claimable (> 0, at most 60s)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", sluice.DefaultShutdownTimeout, "on shutdown, how long running tasks may finish before they are cancelled and released")
+	fs.Float64Var(&f.memoryHigh, "memory-high", sluice.DefaultMemoryHigh, "memory use (fraction of the cgroup or machine limit) above which the claim size is halved at each sample (0 = off, at most 1)")
+	fs.DurationVar(&f.latencyHigh, "latency-high", 0, "p99 task duration above which the claim size is halved at each sample (0 = off)")
 }
 
 // validate checks the flags and returns the kinds to register.
@@ -118,6 +210,21 @@ func (f *workerFlags) validate() ([]string, error) {
 	}
 	if err := f.validateCapacity(); err != nil {
 		return nil, err
+	}
+	switch {
+	case f.heartbeatInterval < 0:
+		return nil, usagef("--heartbeat-interval: must not be negative, got %s", f.heartbeatInterval)
+	case f.leaseLossAfter < 0:
+		return nil, usagef("--lease-loss-after: must not be negative, got %s", f.leaseLossAfter)
+	case f.leaseLossAfter > 0 && f.heartbeatInterval > 0 && f.leaseLossAfter <= f.heartbeatInterval:
+		return nil, usagef("--lease-loss-after: must be more than --heartbeat-interval (%s), got %s", f.heartbeatInterval, f.leaseLossAfter)
+	case f.maxIdle < 0:
+		return nil, usagef("--max-idle: must not be negative, got %s", f.maxIdle)
+	}
+	if f.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
+			return nil, usagef("--metrics-addr: want HOST:PORT, got %q", f.metricsAddr)
+		}
 	}
 	return chooseKinds(f.kinds, f.allowExec)
 }
@@ -132,19 +239,32 @@ func (f *workerFlags) validateCapacity() error {
 		return usagef("--poll-wait: must be > 0 and at most 1m0s, got %s", f.pollWait)
 	case f.shutdownTimeout < 0:
 		return usagef("--shutdown-timeout: must not be negative, got %s", f.shutdownTimeout)
+	case !(f.memoryHigh >= 0 && f.memoryHigh <= 1): // also NaN
+		return usagef("--memory-high: must be between 0 (off) and 1, got %v", f.memoryHigh)
+	case f.latencyHigh < 0:
+		return usagef("--latency-high: must not be negative, got %s", f.latencyHigh)
 	}
 	return nil
 }
 
 // config maps the flags onto a sluice.WorkerConfig.
 func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
+	memoryHigh := f.memoryHigh
+	if memoryHigh == 0 {
+		memoryHigh = -1 // off; zero means the default in WorkerConfig
+	}
 	return sluice.WorkerConfig{
-		Name:            f.name,
-		Slots:           f.slots,
-		ClaimBatch:      f.claimBatch,
-		PollWait:        f.pollWait,
-		ShutdownTimeout: f.shutdownTimeout,
-		Logger:          logger,
+		Name:              f.name,
+		Slots:             f.slots,
+		ClaimBatch:        f.claimBatch,
+		PollWait:          f.pollWait,
+		ShutdownTimeout:   f.shutdownTimeout,
+		Logger:            logger,
+		MemoryHigh:        memoryHigh,
+		LatencyHigh:       f.latencyHigh,
+		HeartbeatInterval: f.heartbeatInterval,
+		LeaseLossAfter:    f.leaseLossAfter,
+		MaxIdle:           f.maxIdle,
 	}
 }
 

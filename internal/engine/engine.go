@@ -50,6 +50,12 @@ type Config struct {
 	// Backoff is the delay after failed attempt n. Defaults to
 	// ExponentialBackoff(1s, 5m).
 	Backoff store.Backoff
+	// Retention is how long finished tasks are kept (S-ST4). Defaults to
+	// 7 days; negative keeps them forever.
+	Retention time.Duration
+	// RetentionInterval is how often finished tasks past Retention are
+	// deleted. Defaults to 1m.
+	RetentionInterval time.Duration
 	// Provisioner asks for more workers when ready tasks wait with no free
 	// capacity for their kind. Zero: no hook.
 	Provisioner ProvisionerConfig
@@ -84,6 +90,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Dispatch == "" {
 		c.Dispatch = DispatchSpread
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = time.Minute
 	}
 	if c.Provisioner.Interval == 0 {
 		c.Provisioner.Interval = 30 * time.Second

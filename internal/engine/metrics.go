@@ -25,6 +25,7 @@ type Metrics struct {
 	swept           prometheus.Counter
 	deadlineExpired prometheus.Counter
 	provisioner     *prometheus.CounterVec
+	retained        prometheus.Counter
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -40,7 +41,8 @@ func newMetrics(st store.Store) *Metrics {
 	m.swept = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_attempts_swept_total", Help: "Attempts ended by the sweeper (expired lease or timeout)."})
 	m.deadlineExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_dispatch_deadline_expired_total", Help: "Tasks failed for missing their dispatch deadline."})
 	m.provisioner = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_provisioner_calls_total", Help: "Calls of the provisioner hook, by hook (command, url) and result (ok, error)."}, []string{"hook", "result"})
-	m.reg.MustRegister(m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
+	m.retained = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_tasks_deleted_total", Help: "Finished tasks deleted after the retention period."})
+	m.reg.MustRegister(m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
 		&queueCollector{st: st}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

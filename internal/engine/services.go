@@ -27,11 +27,18 @@ func (e *Engine) Start(ctx context.Context) error {
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.bgCancel = cancel
 	e.bgDone.Add(2)
-	go e.loop(bg, "sweeper", e.SweepOnce)
+	go e.loop(bg, "sweeper", e.cfg.SweepInterval, e.SweepOnce)
 	go e.scheduler(bg)
+	if e.cfg.Retention > 0 {
+		e.bgDone.Add(1)
+		go e.loop(bg, "retention", e.cfg.RetentionInterval, func(ctx context.Context) error {
+			_, err := e.RetainOnce(ctx)
+			return err
+		})
+	}
 	if e.cfg.Provisioner.enabled() {
 		e.bgDone.Add(1)
-		go e.loop(bg, "provisioner", func(ctx context.Context) error {
+		go e.loop(bg, "provisioner", e.cfg.SweepInterval, func(ctx context.Context) error {
 			_, err := e.ProvisionOnce(ctx)
 			return err
 		})
@@ -55,9 +62,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 }
 
-func (e *Engine) loop(ctx context.Context, name string, fn func(context.Context) error) {
+func (e *Engine) loop(ctx context.Context, name string, every time.Duration, fn func(context.Context) error) {
 	defer e.bgDone.Done()
-	t := time.NewTicker(e.cfg.SweepInterval)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -149,4 +156,32 @@ func (e *Engine) scheduler(ctx context.Context) {
 		}
 		timer.Reset(wait)
 	}
+}
+
+// retentionBatch bounds one retention transaction, so deleting a large
+// backlog never holds the write lock for long.
+const retentionBatch = 1000
+
+// RetainOnce deletes finished tasks older than the retention period, in
+// batches of retentionBatch, and returns how many.
+func (e *Engine) RetainOnce(ctx context.Context) (int, error) {
+	if e.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	total := 0
+	for ctx.Err() == nil {
+		n, err := e.st.DeleteFinished(ctx, e.now().Add(-e.cfg.Retention), retentionBatch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < retentionBatch {
+			break
+		}
+	}
+	if total > 0 {
+		e.metrics.retained.Add(float64(total))
+		e.log.Info("deleted finished tasks past retention", "count", total, "retention", e.cfg.Retention)
+	}
+	return total, nil
 }

@@ -171,6 +171,10 @@ type Store interface {
 	SweepExpired(ctx context.Context, limit int, backoff Backoff) (n int, o Outcome, err error)
 	// ExpireDeadlines fails tasks not started by their dispatch deadline.
 	ExpireDeadlines(ctx context.Context, limit int) (n int, o Outcome, err error)
+	// DeleteFinished deletes up to limit finished tasks (and their
+	// attempts) that finished before before, oldest first, in one short
+	// transaction, and returns how many (S-ST4).
+	DeleteFinished(ctx context.Context, before time.Time, limit int) (int, error)
 	// CheckCounters recomputes every slot counter from the tasks and
 	// returns a description of each mismatch (tests and `sluice doctor`).
 	CheckCounters(ctx context.Context) ([]string, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -180,4 +181,39 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 		return nil
 	})
 	return n, o, err
+}
+
+// DeleteFinished deletes finished tasks past retention; see store.Store.
+func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int) (int, error) {
+	var n int
+	err := s.tx(ctx, func(tx *wtx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT id FROM tasks WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?
+			ORDER BY finished_at LIMIT ?`, us(before), limit)
+		if err != nil {
+			return fmt.Errorf("retention: %w", err)
+		}
+		var ids []any
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(ids) == 0 {
+			return err
+		}
+		in := "?" + strings.Repeat(",?", len(ids)-1)
+		if _, err := tx.ExecContext(ctx, `DELETE FROM attempts WHERE task_id IN (`+in+`)`, ids...); err != nil {
+			return fmt.Errorf("retention: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM tasks WHERE id IN (`+in+`)`, ids...); err != nil {
+			return fmt.Errorf("retention: %w", err)
+		}
+		n = len(ids)
+		return nil
+	})
+	return n, err
 }

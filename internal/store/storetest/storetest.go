@@ -890,3 +890,37 @@ func testShortfall(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Contains(t, sf, store.Shortfall{Queue: "resize", Kind: "resize", Waiting: 1}, "the only resize worker is full")
 }
+
+func testRetention(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	var nts []store.NewTask
+	for range 5 {
+		nts = append(nts, store.NewTask{Kind: "k"})
+	}
+	tasks := h.enqueue(nts...)
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	h.complete("w", ok(c[0]), ok(c[1]), fail(c[2], "x"))
+	_, _, err := h.st.CancelTask(h.ctx, tasks[4].ID)
+	require.NoError(t, err)
+	h.tick(time.Hour)
+	h.complete("w", ok(c[3]))
+	// Cut-off between the two finishing times: the first three finished
+	// (the failure retried: it is waiting again) and the cancelled one go.
+	n, err := h.st.DeleteFinished(h.ctx, t0.Add(time.Minute), 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "bounded by limit")
+	n, err = h.st.DeleteFinished(h.ctx, t0.Add(time.Minute), 100)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for _, id := range []int64{tasks[0].ID, tasks[1].ID, tasks[4].ID} {
+		_, err := h.st.GetTask(h.ctx, id)
+		require.True(t, errors.Is(err, sluice.ErrNotFound), "task %d: %v", id, err)
+	}
+	require.Equal(t, sluice.StateSucceeded, h.state(tasks[3].ID), "finished after the cut-off: kept")
+	require.NotEqual(t, sluice.StateSucceeded, h.state(tasks[2].ID), "unfinished: kept")
+	n, err = h.st.DeleteFinished(h.ctx, t0.Add(time.Minute), 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	h.counters()
+}

@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/server"
+)
+
+func TestWorkerBackpressureAndLifecycleFlags(t *testing.T) {
+	t.Parallel()
+
+	t.Run("defaults", func(t *testing.T) {
+		t.Parallel()
+		f, _, code, stderr := runWorkerCmd(t, nil)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		cfg := f.config(nil)
+		if cfg.MemoryHigh != sluice.DefaultMemoryHigh || cfg.LatencyHigh != 0 || cfg.HeartbeatInterval != 0 ||
+			cfg.LeaseLossAfter != 0 || cfg.MaxIdle != 0 || f.metricsAddr != "" {
+			t.Fatalf("config = %+v, metrics addr %q; want the defaults", cfg, f.metricsAddr)
+		}
+	})
+
+	t.Run("env and flags", func(t *testing.T) {
+		t.Parallel()
+		f, _, code, stderr := runWorkerCmd(t, map[string]string{
+			"SLUICE_MEMORY_HIGH": "0.5", "SLUICE_MAX_IDLE": "5m", "SLUICE_METRICS_ADDR": "127.0.0.1:9464",
+			"SLUICE_LATENCY_HIGH": "1s",
+		}, "--latency-high", "2s", "--heartbeat-interval", "3s", "--lease-loss-after", "20s")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		cfg := f.config(nil)
+		if cfg.MemoryHigh != 0.5 || cfg.LatencyHigh != 2*time.Second || cfg.HeartbeatInterval != 3*time.Second ||
+			cfg.LeaseLossAfter != 20*time.Second || cfg.MaxIdle != 5*time.Minute || f.metricsAddr != "127.0.0.1:9464" {
+			t.Fatalf("config = %+v, metrics addr %q", cfg, f.metricsAddr)
+		}
+	})
+
+	t.Run("memory-high 0 turns it off", func(t *testing.T) {
+		t.Parallel()
+		f, _, code, stderr := runWorkerCmd(t, nil, "--memory-high", "0")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		if cfg := f.config(nil); cfg.MemoryHigh >= 0 {
+			t.Fatalf("MemoryHigh = %v, want negative (off)", cfg.MemoryHigh)
+		}
+		if err := f.config(nil).WithDefaults().Validate(); err != nil {
+			t.Fatalf("Validate: %v", err)
+		}
+	})
+
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"memory-high above 1", nil, []string{"--memory-high", "1.5"}, []string{"--memory-high", "1.5"}},
+		{"negative memory-high from env", map[string]string{"SLUICE_MEMORY_HIGH": "-0.1"}, nil, []string{"--memory-high"}},
+		{"negative latency-high", nil, []string{"--latency-high", "-1s"}, []string{"--latency-high"}},
+		{"negative heartbeat interval", nil, []string{"--heartbeat-interval", "-1s"}, []string{"--heartbeat-interval"}},
+		{"negative lease-loss-after", nil, []string{"--lease-loss-after", "-1s"}, []string{"--lease-loss-after"}},
+		{"lease-loss-after under the interval", nil, []string{"--heartbeat-interval", "10s", "--lease-loss-after", "5s"},
+			[]string{"--lease-loss-after", "--heartbeat-interval"}},
+		{"negative max-idle", map[string]string{"SLUICE_MAX_IDLE": "-1m"}, nil, []string{"--max-idle"}},
+		{"bad metrics addr", nil, []string{"--metrics-addr", "9464"}, []string{"--metrics-addr", "HOST:PORT"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, _, code, stderr := runWorkerCmd(t, tt.env, tt.args...)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Fatalf("stderr %q does not contain %q", stderr, w)
+				}
+			}
+		})
+	}
+}
+
+// TestDevTakesBackpressureFlags: the in-process worker of `sluice dev`
+// validates the same capacity flags.
+func TestDevTakesBackpressureFlags(t *testing.T) {
+	t.Parallel()
+	ta := newTestApp(nil)
+	code := ta.run(t.Context(), []string{"dev", "--memory-high", "2"})
+	if code != 2 || !strings.Contains(ta.stderr.String(), "--memory-high") {
+		t.Fatalf("dev --memory-high 2: exit %d, stderr %q", code, ta.stderr)
+	}
+}
+
+func TestServeMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "test_total", Help: "A test counter."})
+	c.Add(3)
+	reg.MustRegister(c)
+	addr, stop, err := serveMetrics(t.Context(), "127.0.0.1:0", reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams := scrapeURL(t, "http://"+addr+"/metrics")
+	if v := fams["test_total"].GetMetric()[0].GetCounter().GetValue(); v != 3 {
+		t.Fatalf("test_total = %v, want 3", v)
+	}
+	if resp, err := http.Post("http://"+addr+"/metrics", "text/plain", nil); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("POST /metrics: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	stop()
+	if conn, err := net.Dial("tcp", addr); err == nil {
+		conn.Close()
+		t.Fatal("the metrics server still listens after stop")
+	}
+
+	// The address in use is an error naming the flag.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, _, err := serveMetrics(t.Context(), ln.Addr().String(), reg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Fatalf("listening on a used address: %v", err)
+	}
+}
+
+// scrapeURL gets a Prometheus text page and parses it.
+func scrapeURL(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET %s: %s\n%s", url, resp.Status, b)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parsing %s: %v", url, err)
+	}
+	return fams
+}
+
+var metricsURLRe = regexp.MustCompile(`worker metrics listening"? url=(\S+)`)
+
+// TestWorkerCommandIdleExitAndMetrics runs `sluice worker` against a real
+// server: it serves metrics while a task runs, then exits by itself, with
+// status 0, once idle for --max-idle, closing the metrics port.
+func TestWorkerCommandIdleExitAndMetrics(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{})
+	admin := sluice.NewClient(url, sluice.WithToken(e2eAdminToken))
+	task, _, err := admin.Trigger(t.Context(), sluice.TriggerParams{Kind: "sleep", Input: json.RawMessage(`{"duration":"1h"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	wa := newTestApp(map[string]string{"SLUICE_SERVER": url, "SLUICE_WORKER_TOKEN": e2eWorkerToken})
+	exit := make(chan int, 1)
+	go func() {
+		exit <- wa.run(context.Background(), []string{"worker", "--kinds", "sleep", "--slots", "4",
+			"--max-idle", "300ms", "--metrics-addr", "127.0.0.1:0", "--log-level", "debug"})
+	}()
+	var metricsURL string
+	waitFor(t, "the metrics server log line", 10*time.Second, func() bool {
+		select {
+		case code := <-exit:
+			t.Fatalf("worker exited %d; stderr: %s", code, wa.stderr)
+		default:
+		}
+		m := metricsURLRe.FindStringSubmatch(wa.stderr.String())
+		if m != nil {
+			metricsURL = m[1]
+		}
+		return m != nil
+	})
+	waitFor(t, "the task to run", 10*time.Second, func() bool {
+		got, err := admin.GetTask(t.Context(), task.ID)
+		return err == nil && got.State == sluice.StateRunning
+	})
+	// Busy: well past --max-idle, the worker is still there.
+	var fams map[string]*dto.MetricFamily
+	waitFor(t, "in-flight 1 in the metrics", 10*time.Second, func() bool {
+		fams = scrapeURL(t, metricsURL)
+		f := fams["worker_in_flight_tasks"]
+		return f != nil && f.GetMetric()[0].GetGauge().GetValue() == 1
+	})
+	for _, name := range []string{"worker_slots", "worker_claims_total", "worker_claim_size", "go_goroutines", "process_resident_memory_bytes"} {
+		if fams[name] == nil {
+			t.Fatalf("no %s in the worker's metrics", name)
+		}
+	}
+	select {
+	case code := <-exit:
+		t.Fatalf("worker exited %d while a task ran; stderr: %s", code, wa.stderr)
+	default:
+	}
+
+	if _, err := admin.CancelTask(t.Context(), task.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("idle worker exited %d; stderr: %s", code, wa.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the worker did not exit when idle; stderr: %s", wa.stderr)
+	}
+	if !strings.Contains(wa.stderr.String(), "worker idle for max-idle") {
+		t.Fatalf("no idle log line; stderr: %s", wa.stderr)
+	}
+	if got, err := admin.GetTask(t.Context(), task.ID); err != nil || got.State != sluice.StateCancelled {
+		t.Fatalf("task after cancel: %+v %v", got, err)
+	}
+	host := strings.TrimPrefix(strings.TrimSuffix(metricsURL, "/metrics"), "http://")
+	if conn, err := net.Dial("tcp", host); err == nil {
+		conn.Close()
+		t.Fatal("the metrics port is still open after the worker exited")
+	}
+}
+
+// TestWorkerCommandRejectsLeaseVsHeartbeat: a --heartbeat-interval the
+// server's lease is not more than twice of stops the worker at startup with
+// a message naming both settings.
+func TestWorkerCommandRejectsLeaseVsHeartbeat(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{}) // lease 30s
+	wa := newTestApp(map[string]string{"SLUICE_SERVER": url, "SLUICE_WORKER_TOKEN": e2eWorkerToken})
+	code := wa.run(t.Context(), []string{"worker", "--kinds", "echo", "--heartbeat-interval", "15s"})
+	stderr := wa.stderr.String()
+	if code != 1 || !strings.Contains(stderr, "lease (30s") || !strings.Contains(stderr, "heartbeat-interval (15s") {
+		t.Fatalf("exit %d, stderr %q; want 1 and a message naming lease and heartbeat-interval", code, stderr)
+	}
+	ws, err := sluice.NewClient(url, sluice.WithToken(e2eAdminToken)).ListWorkers(t.Context())
+	if err != nil || len(ws) != 0 {
+		t.Fatalf("workers after the rejected start: %+v %v", ws, err)
+	}
+}
+
+// TestWorkerCommandSecondSignal: the first signal starts a graceful
+// shutdown that waits for the running task; a second exits at once (130).
+func TestWorkerCommandSecondSignal(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{})
+	admin := sluice.NewClient(url, sluice.WithToken(e2eAdminToken))
+	task, _, err := admin.Trigger(t.Context(), sluice.TriggerParams{Kind: "sleep", Input: json.RawMessage(`{"duration":"1h"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wa := newTestApp(map[string]string{"SLUICE_SERVER": url, "SLUICE_WORKER_TOKEN": e2eWorkerToken})
+	sigs := make(chan os.Signal, 2)
+	wa.signals = sigs
+	ran := make(chan int, 1)
+	go func() {
+		ran <- wa.run(context.Background(), []string{"worker", "--kinds", "sleep", "--shutdown-timeout", "1s"})
+	}()
+	waitFor(t, "the task to run", 10*time.Second, func() bool {
+		got, err := admin.GetTask(t.Context(), task.ID)
+		return err == nil && got.State == sluice.StateRunning
+	})
+	sigs <- os.Interrupt
+	waitFor(t, "the graceful shutdown to start", 10*time.Second, func() bool {
+		return strings.Contains(wa.stderr.String(), "worker stopping")
+	})
+	select {
+	case code := <-wa.exited:
+		t.Fatalf("the first signal exited %d", code)
+	case code := <-ran:
+		t.Fatalf("the worker returned %d while its task ran", code)
+	default:
+	}
+	sigs <- os.Interrupt
+	select {
+	case code := <-wa.exited:
+		if code != exitForced {
+			t.Fatalf("second signal: exit %d, want %d", code, exitForced)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second signal did not exit")
+	}
+	// The test's exit does not end the process: let the shutdown finish.
+	select {
+	case <-ran:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not finish its shutdown")
+	}
+}
+
+// TestServerAcceptsCapacityHeartbeat: the server takes the capacity fields
+// a worker now sends with each heartbeat (S-W4).
+func TestServerAcceptsCapacityHeartbeat(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{})
+	c := sluice.NewClient(url, sluice.WithToken(e2eWorkerToken))
+	reg, err := c.RegisterWorker(t.Context(), sluice.RegisterWorkerParams{Name: "hb", Kinds: []string{"echo"}, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Heartbeat(t.Context(), reg.ID, sluice.HeartbeatParams{
+		Slots: 8, FreeSlots: 8, Held: []int64{}, MemoryUsedRatio: 0.42, P99Latency: sluice.Duration(1500 * time.Millisecond),
+	})
+	if err != nil {
+		t.Fatalf("heartbeat with capacity fields: %v", err)
+	}
+	if err := c.DeregisterWorker(t.Context(), reg.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,169 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Worker metrics (S-W9). They are registered on WorkerConfig.Registerer when
+// Run starts and unregistered when it returns. The per-task path touches
+// only counters and a histogram resolved per kind when Run starts: no label
+// lookup, no map under a shared lock. Gauges are read at scrape time from
+// the worker's own atomics, so they cost nothing per task.
+
+// Outcomes of worker_tasks_completed_total. A task released unfinished at
+// shutdown is not counted: it did not complete here and will run again.
+const (
+	outcomeSucceeded = iota
+	outcomeFailed
+	outcomeCancelled
+	outcomeLost
+	outcomeTimeout
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"succeeded", "failed", "cancelled", "lost", "timeout"}
+
+// taskDurationBuckets span no-op tasks to long IO waits, in seconds.
+var taskDurationBuckets = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900}
+
+// claimSizeBuckets: 0 counts long polls that returned nothing.
+var claimSizeBuckets = []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}
+
+// workerMetrics is nil when the worker has no Registerer; its methods and
+// those of kindMetrics are then no-ops.
+type workerMetrics struct {
+	reg        prometheus.Registerer
+	registered []prometheus.Collector
+	completed  *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	claims     prometheus.Counter
+	claimSize  prometheus.Histogram
+}
+
+// kindMetrics are the children of one task kind.
+type kindMetrics struct {
+	completed [numOutcomes]prometheus.Counter
+	duration  prometheus.Observer
+}
+
+// newWorkerMetrics registers the worker's collectors on reg. On an error
+// nothing stays registered.
+func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, error) {
+	m := &workerMetrics{reg: reg}
+	m.completed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "worker_tasks_completed_total",
+		Help: "Task attempts that ended on this worker, by kind and outcome (succeeded, failed, cancelled, lost, timeout).",
+	}, []string{"kind", "outcome"})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "worker_task_duration_seconds",
+		Help:    "Handler run time of task attempts, by kind.",
+		Buckets: taskDurationBuckets,
+	}, []string{"kind"})
+	m.claims = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "worker_claims_total",
+		Help: "Claim calls that returned (with or without tasks).",
+	})
+	m.claimSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "worker_claim_size",
+		Help:    "Tasks received per claim call.",
+		Buckets: claimSizeBuckets,
+	})
+	bp := w.bp
+	slots := float64(w.cfg.Slots)
+	gauges := []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "worker_in_flight_tasks",
+			Help: "Tasks holding a slot of this worker (claimed and not yet finished).",
+		}, func() float64 { return slots - float64(w.free.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "worker_slots",
+			Help: "Most tasks this worker runs at once.",
+		}, func() float64 { return slots }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "worker_claim_size_limit",
+			Help: "Most tasks the next claim may ask for: the claim batch, halved by backpressure.",
+		}, func() float64 { return float64(bp.limit.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "worker_memory_used_ratio",
+			Help: "Memory use over the cgroup limit (or process RSS over machine memory) at the last sample.",
+		}, bp.memoryRatio),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "worker_task_latency_p99_seconds",
+			Help: "99th percentile duration of the last 1000 tasks, at the last sample.",
+		}, func() float64 { return bp.p99Latency().Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "worker_backpressure_active",
+			Help:        "1 while the claim size is reduced for this reason.",
+			ConstLabels: prometheus.Labels{"reason": reasonMemory},
+		}, func() float64 { return b2f(bp.memOn.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "worker_backpressure_active",
+			Help:        "1 while the claim size is reduced for this reason.",
+			ConstLabels: prometheus.Labels{"reason": reasonLatency},
+		}, func() float64 { return b2f(bp.latOn.Load()) }),
+	}
+	for _, c := range append([]prometheus.Collector{m.completed, m.duration, m.claims, m.claimSize}, gauges...) {
+		if err := reg.Register(c); err != nil {
+			m.unregister()
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, fmt.Errorf("registering worker metrics: %w (workers sharing a registry must each wrap it with prometheus.WrapRegistererWith and a distinct label)", err)
+			}
+			return nil, fmt.Errorf("registering worker metrics: %w", err)
+		}
+		m.registered = append(m.registered, c)
+	}
+	return m, nil
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// unregister removes what newWorkerMetrics registered.
+func (m *workerMetrics) unregister() {
+	if m == nil {
+		return
+	}
+	for _, c := range m.registered {
+		m.reg.Unregister(c)
+	}
+	m.registered = nil
+}
+
+// forKind resolves the children of kind.
+func (m *workerMetrics) forKind(kind string) *kindMetrics {
+	if m == nil {
+		return nil
+	}
+	k := &kindMetrics{duration: m.duration.WithLabelValues(kind)}
+	for i, o := range outcomeNames {
+		k.completed[i] = m.completed.WithLabelValues(kind, o)
+	}
+	return k
+}
+
+// claimed records one claim call that returned n tasks.
+func (m *workerMetrics) claimed(n int) {
+	if m == nil {
+		return
+	}
+	m.claims.Inc()
+	m.claimSize.Observe(float64(n))
+}
+
+// finished records one attempt that ran for d.
+func (k *kindMetrics) finished(outcome int, d time.Duration) {
+	if k == nil {
+		return
+	}
+	k.completed[outcome].Inc()
+	k.duration.Observe(d.Seconds())
+}
