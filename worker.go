@@ -220,6 +220,8 @@ type Worker struct {
 	handlers map[string]HandlerFunc
 	started  atomic.Bool
 	id       atomic.Pointer[string]
+	kindList []string   // the kinds registered, sorted
+	regMu    sync.Mutex // serialises registering again (reregister)
 
 	// free counts free slots. Only the claim loop takes slots, so a value it
 	// reads can only grow until it takes them.
@@ -370,6 +372,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	// Leases start no earlier than the registration request.
 	w.epoch = time.Now()
+	w.kindList = kinds
 	reg, err := w.b.RegisterWorker(ctx, RegisterWorkerParams{Name: w.cfg.Name, Kinds: kinds, Slots: w.cfg.Slots})
 	if err != nil {
 		return fmt.Errorf("sluice: registering worker: %w", err)
@@ -583,10 +586,14 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			continue
 		}
 		n := min(free, int64(limit))
-		res, err := w.b.Claim(ctx, w.ID(), ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait)})
+		id := w.ID()
+		res, err := w.b.Claim(ctx, id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait)})
 		if err != nil {
 			if ctx.Err() != nil {
 				return
+			}
+			if errors.Is(err, ErrNotFound) && w.reregister(ctx, id) {
+				continue
 			}
 			d := backoff/2 + rand.N(backoff/2+1)
 			w.log.Error("claiming tasks", "err", err, "retry_in", d)
@@ -825,11 +832,15 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		// A late heartbeat still helps while leases last; a call cut short
 		// by a tight timeout costs the connection.
 		hctx, cancel := context.WithTimeout(ctx, lossAfter)
-		res, err := w.b.Heartbeat(hctx, w.ID(), p)
+		id := w.ID()
+		res, err := w.b.Heartbeat(hctx, id, p)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
+			}
+			if errors.Is(err, ErrNotFound) && w.reregister(ctx, id) {
+				continue
 			}
 			w.log.Error("heartbeat failed", "err", err, "failing_for", (w.since() - time.Duration(w.hbOK.Load())).Round(time.Millisecond))
 			continue
@@ -842,6 +853,32 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		}
 		w.cancelTasks(res.Cancel, errServerCancel)
 	}
+}
+
+// reregister handles a server that no longer knows the worker (its lease
+// expired while it could not heartbeat, e.g. a long pause or partition):
+// the server has already handed every task this worker held to the flow
+// again, so they are stopped here and their results dropped, and the
+// worker registers anew under a new id and carries on. It reports whether
+// the worker is registered again (also when another loop did it first).
+func (w *Worker) reregister(ctx context.Context, staleID string) bool {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	if w.ID() != staleID {
+		return true // done already
+	}
+	n := w.loseTasks(nil)
+	reg, err := w.b.RegisterWorker(ctx, RegisterWorkerParams{Name: w.cfg.Name, Kinds: w.kindList, Slots: w.cfg.Slots})
+	if err != nil {
+		w.log.Error("registering again after the server forgot this worker", "err", err)
+		return false
+	}
+	id := reg.ID
+	w.id.Store(&id)
+	w.hbOK.Store(int64(w.since()))
+	w.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
+		"stale_worker_id", staleID, "new_worker_id", id, "tasks_dropped", n)
+	return true
 }
 
 // leaseWatchdog stops every held task once no heartbeat has succeeded for
