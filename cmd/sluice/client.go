@@ -26,7 +26,7 @@ type clientFlags struct {
 }
 
 func addClientFlags(fs *pflag.FlagSet, f *clientFlags) {
-	fs.StringVar(&f.server, "server", defaultServerURL, "server base URL")
+	fs.StringVar(&f.server, "server", defaultServerURL, "server base URL; several replicas separated by commas fail over")
 	fs.StringVar(&f.token, "token", "", "bearer token (env SLUICE_TOKEN, else SLUICE_ADMIN_TOKEN)")
 	fs.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
 	bindEnv(fs, "server")
@@ -51,10 +51,14 @@ func (f *clientFlags) backend() (sluice.Backend, error) {
 
 func (f *clientFlags) json() bool { return f.output == "json" }
 
+// checkServerURL checks --server: one URL, or several replicas of one
+// cluster separated by commas (the client fails over between them).
 func checkServerURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--server: want an http:// or https:// URL such as %s, got %q", defaultServerURL, s)
+	for _, part := range strings.Split(s, ",") {
+		u, err := url.Parse(strings.TrimSpace(part))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--server: want http:// or https:// URLs (several replicas separated by commas) such as %s, got %q", defaultServerURL, s)
+		}
 	}
 	return nil
 }

@@ -146,7 +146,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"queues", "set", "q"}, "give --concurrency-limit and/or --max-backlog"},
 		{[]string{"queues", "set", "q", "--concurrency-limit", "-3"}, "want a non-negative integer or none"},
 		{[]string{"queues", "-o", "yaml"}, "--output: want table or json"},
-		{[]string{"workers", "--server", "localhost:8080"}, "--server: want an http:// or https:// URL"},
+		{[]string{"workers", "--server", "localhost:8080"}, "--server: want http:// or https:// URLs"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
