@@ -96,6 +96,15 @@ func (d *dispatcher) remove(w *waiter) {
 	d.mu.Unlock()
 }
 
+// served records that worker just got tasks (spread breaks ties towards
+// the worker served least recently).
+func (d *dispatcher) servedNow(worker string) {
+	d.mu.Lock()
+	d.seq++
+	d.served[worker] = d.seq
+	d.mu.Unlock()
+}
+
 // forget drops a deregistered worker's bookkeeping.
 func (d *dispatcher) forget(worker string) {
 	d.mu.Lock()

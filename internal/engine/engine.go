@@ -446,8 +446,16 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 	}
 	w := newWaiter(workerID, p.Max)
 	var timer *time.Timer
+	if p.Wait > 0 {
+		// Registered before the first look, so a wake-up during it is not
+		// lost, and the chain treats this claim as waiting (it gets its turn
+		// even while busy looking).
+		e.disp.add(w)
+		defer e.disp.remove(w)
+		timer = time.NewTimer(p.Wait.D())
+		defer timer.Stop()
+	}
 	var answering int64 // the chain's wake-up this attempt answers; 0: none
-	registered := false
 	for {
 		if answering == 0 && p.Wait > 0 && !e.disp.firstInLine(w) {
 			// Another waiting worker goes first under the dispatch
@@ -457,7 +465,7 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 		if answering >= 0 {
 			start := time.Now()
 			tasks, err := e.st.Claim(ctx, workerID, p.Max, e.cfg.Lease)
-			if registered {
+			if p.Wait > 0 {
 				signal(w.done, answering)
 			}
 			if err != nil {
@@ -465,23 +473,15 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 			}
 			e.metrics.claimLatency.Observe(time.Since(start).Seconds())
 			cancel := e.takeCancels(workerID)
+			if len(tasks) > 0 {
+				e.disp.servedNow(workerID)
+			}
 			if len(tasks) > 0 || len(cancel) > 0 || p.Wait == 0 {
 				e.metrics.claimed(tasks)
 				return &sluice.ClaimResult{Tasks: nonNil(tasks), Cancel: cancel}, nil
 			}
 		} else {
 			e.disp.wake() // make sure a chain will come round
-		}
-		if !registered {
-			// Register, then look once more: a wake-up between the
-			// look above and the wait below is not lost.
-			registered = true
-			e.disp.add(w)
-			defer e.disp.remove(w)
-			timer = time.NewTimer(p.Wait.D())
-			defer timer.Stop()
-			answering = 0
-			continue
 		}
 		select {
 		case answering = <-w.ch:

@@ -26,6 +26,8 @@ type Metrics struct {
 	deadlineExpired prometheus.Counter
 	provisioner     *prometheus.CounterVec
 	retained        prometheus.Counter
+	leader          prometheus.Gauge
+	sweeps          prometheus.Counter
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -42,7 +44,9 @@ func newMetrics(st store.Store) *Metrics {
 	m.deadlineExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_dispatch_deadline_expired_total", Help: "Tasks failed for missing their dispatch deadline."})
 	m.provisioner = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_provisioner_calls_total", Help: "Calls of the provisioner hook, by hook (command, url) and result (ok, error)."}, []string{"hook", "result"})
 	m.retained = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_tasks_deleted_total", Help: "Finished tasks deleted after the retention period."})
-	m.reg.MustRegister(m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
+	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_leader", Help: "1 while this server runs the background services (the leader of its cluster), else 0."})
+	m.sweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_sweeps_total", Help: "Sweeps run by this server (expired leases, timeouts, dispatch deadlines)."})
+	m.reg.MustRegister(m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
 		&queueCollector{st: st}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -3,47 +3,112 @@ package engine
 import (
 	"context"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/store"
 )
 
 // sweepBatch bounds the rows one background transaction touches, so no
 // sweep holds the write lock for long.
 const sweepBatch = 500
 
-// Start applies the environment limit, runs the orphan sweep once (tasks
-// of workers that died while the server was down come back at once, S-W6)
-// and starts the background services. Stop stops them.
+// Start applies the environment limit and starts the background
+// services: on a store several servers share (store.Leader), only while
+// this server leads; otherwise at once, after running the orphan sweep
+// (tasks of workers that died while the server was down come back at
+// once, S-W6). Stop stops them.
 func (e *Engine) Start(ctx context.Context) error {
 	o, err := e.st.SetEnvLimit(ctx, e.cfg.MaxRunning)
 	if err != nil {
 		return err
 	}
 	e.after(o)
-	if err := e.SweepOnce(ctx); err != nil {
-		return err
-	}
-	if _, err := e.PromoteDueOnce(ctx); err != nil {
-		return err
-	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.bgCancel = cancel
+	if n, ok := e.st.(store.Notifier); ok {
+		e.bgDone.Add(1)
+		go func() {
+			defer e.bgDone.Done()
+			if err := n.Listen(bg, e.disp.wake); err != nil && bg.Err() == nil {
+				e.log.Error("listening for ready tasks from other servers failed", "err", err)
+			}
+		}()
+	}
+	if l, ok := e.st.(store.Leader); ok {
+		e.bgDone.Add(1)
+		go e.leadLoop(bg, l)
+		return nil
+	}
+	if err := e.startServices(ctx, bg); err != nil {
+		cancel()
+		return err
+	}
+	return nil
+}
+
+// startServices runs the first sweep and promotion, then starts the
+// periodic services under ctx (they stop when it ends; e.bgDone tracks
+// them).
+func (e *Engine) startServices(first, ctx context.Context) error {
+	if err := e.SweepOnce(first); err != nil {
+		return err
+	}
+	if _, err := e.PromoteDueOnce(first); err != nil {
+		return err
+	}
+	e.metrics.leader.Set(1)
 	e.bgDone.Add(2)
-	go e.loop(bg, "sweeper", e.cfg.SweepInterval, e.SweepOnce)
-	go e.scheduler(bg)
+	go e.loop(ctx, "sweeper", e.cfg.SweepInterval, e.SweepOnce)
+	go e.scheduler(ctx)
 	if e.cfg.Retention > 0 {
 		e.bgDone.Add(1)
-		go e.loop(bg, "retention", e.cfg.RetentionInterval, func(ctx context.Context) error {
+		go e.loop(ctx, "retention", e.cfg.RetentionInterval, func(ctx context.Context) error {
 			_, err := e.RetainOnce(ctx)
 			return err
 		})
 	}
 	if e.cfg.Provisioner.enabled() {
 		e.bgDone.Add(1)
-		go e.loop(bg, "provisioner", e.cfg.SweepInterval, func(ctx context.Context) error {
+		go e.loop(ctx, "provisioner", e.cfg.SweepInterval, func(ctx context.Context) error {
 			_, err := e.ProvisionOnce(ctx)
 			return err
 		})
 	}
 	return nil
+}
+
+// leadLoop tries to lead every sweep interval; while it leads, the
+// background services run, and they stop when leadership is lost, so they
+// run on one server of the cluster at a time and move to another when the
+// leader dies.
+func (e *Engine) leadLoop(ctx context.Context, l store.Leader) {
+	defer e.bgDone.Done()
+	t := time.NewTicker(e.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		lost, ok, err := l.TryLead(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			e.log.Error("leader election failed", "err", err)
+		case ok:
+			e.log.Info("leading: running the background services")
+			sctx, stop := context.WithCancel(ctx)
+			if err := e.startServices(sctx, sctx); err != nil && ctx.Err() == nil {
+				e.log.Error("starting background services", "err", err)
+			}
+			select {
+			case <-lost:
+				e.log.Warn("lost leadership: stopping the background services")
+			case <-ctx.Done():
+			}
+			stop()
+			e.metrics.leader.Set(0)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Stop stops the background services and waits for them.
@@ -81,6 +146,7 @@ func (e *Engine) loop(ctx context.Context, name string, every time.Duration, fn 
 // SweepOnce recovers expired leases and timed-out attempts and fails tasks
 // past their dispatch deadline, in bounded batches.
 func (e *Engine) SweepOnce(ctx context.Context) error {
+	e.metrics.sweeps.Inc()
 	for {
 		n, o, err := e.st.SweepExpired(ctx, sweepBatch, e.cfg.Backoff)
 		if err != nil {

@@ -179,3 +179,20 @@ type Store interface {
 	// returns a description of each mismatch (tests and `sluice doctor`).
 	CheckCounters(ctx context.Context) ([]string, error)
 }
+
+// Notifier is implemented by stores that several servers share: Listen
+// calls onReady whenever another server's transaction made tasks ready, so
+// long-polling workers of this server wake at once. It returns when ctx
+// ends.
+type Notifier interface {
+	Listen(ctx context.Context, onReady func()) error
+}
+
+// Leader is implemented by stores that several servers share, so that the
+// background services (sweeper, scheduler, retention, provisioner) run on
+// one server at a time. TryLead returns ok when this server now leads;
+// lost is closed when it stops leading (e.g. its database session died).
+// A store that does not implement Leader always leads.
+type Leader interface {
+	TryLead(ctx context.Context) (lost <-chan struct{}, ok bool, err error)
+}
