@@ -15,8 +15,9 @@ import (
 type Config struct {
 	// Addr is the HTTP listen address. Defaults to "127.0.0.1:8080".
 	Addr string
-	// DB is the database URL: "sqlite:PATH" (or "sqlite::memory:").
-	// Defaults to "sqlite:sluice.db".
+	// DB is the database URL: "sqlite:PATH" (or "sqlite::memory:"), or
+	// "postgres://…" / "postgresql://…" for PostgreSQL, which several
+	// replicas can share (docs/postgres.md). Defaults to "sqlite:sluice.db".
 	DB string
 	// AdminToken guards the API; WorkerToken guards the worker protocol
 	// only. Both empty only when AuthDisabled (sluice dev).
@@ -91,8 +92,8 @@ func (c Config) WithDefaults() Config {
 // Validate reports the first bad setting, naming it.
 func (c Config) Validate() error {
 	switch {
-	case !strings.HasPrefix(c.DB, "sqlite:"):
-		return fmt.Errorf("db: %q is not a supported database URL (want sqlite:PATH)", c.DB)
+	case !strings.HasPrefix(c.DB, "sqlite:") && !isPostgres(c.DB):
+		return errBadDB(c.DB)
 	case c.MaxRunning < 0:
 		return fmt.Errorf("max-running: must be ≥ 0 (0 = unlimited), got %d", c.MaxRunning)
 	case c.MaxActive < 0:
@@ -122,4 +123,19 @@ func (c Config) Validate() error {
 func validHookURL(s string) bool {
 	u, err := url.Parse(s)
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
+// isPostgres reports whether a database URL names PostgreSQL.
+func isPostgres(db string) bool {
+	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
+}
+
+// errBadDB rejects a database URL, echoing it without its password.
+func errBadDB(db string) error {
+	if u, err := url.Parse(db); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			db = u.Redacted()
+		}
+	}
+	return fmt.Errorf("db: %q is not a supported database URL (want sqlite:PATH or postgres://USER@HOST/DB)", db)
 }

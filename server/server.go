@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/engine"
 	"github.com/sluice-dev/sluice/internal/httpapi"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/postgres"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
 )
 
@@ -25,13 +27,15 @@ type Server struct {
 	handler http.Handler
 }
 
-// openStore opens the store named by a database URL.
-func openStore(ctx context.Context, dbURL string) (store.Store, error) {
+// openStore opens the store named by a database URL (see validDB).
+func openStore(ctx context.Context, dbURL string, log *slog.Logger) (store.Store, error) {
 	switch {
 	case strings.HasPrefix(dbURL, "sqlite:"):
 		return sqlite.Open(ctx, strings.TrimPrefix(dbURL, "sqlite:"))
+	case isPostgres(dbURL):
+		return postgres.Open(ctx, dbURL, postgres.WithLogger(log))
 	default:
-		return nil, fmt.Errorf("db: %q is not a supported database URL (want sqlite:PATH)", dbURL)
+		return nil, errBadDB(dbURL)
 	}
 }
 
@@ -43,7 +47,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st, err := openStore(ctx, cfg.DB)
+	st, err := openStore(ctx, cfg.DB, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +144,7 @@ func (s *Server) Close(ctx context.Context) error {
 // Migrate applies pending migrations to the database at dbURL and returns
 // the names of those applied.
 func Migrate(ctx context.Context, dbURL string) ([]string, error) {
-	st, err := openStore(ctx, dbURL)
+	st, err := openStore(ctx, dbURL, slog.Default())
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,7 +48,10 @@ type harness struct {
 func newHarness(t *testing.T, cfg server.Config) *harness {
 	t.Helper()
 	ctx := t.Context()
-	cfg.DB = "sqlite:" + filepath.Join(t.TempDir(), "sluice.db")
+	cfg.DB = harnessDB(t)
+	// Any free loopback port (as serveHTTP says): a fixed default port
+	// would clash between tests running in parallel.
+	cfg.Addr = "127.0.0.1:0"
 	// Tokens, not AuthDisabled: other test processes on this machine may
 	// reach a loopback port this server reuses.
 	cfg.AdminToken, cfg.WorkerToken = "admin-"+rand.Text(), "worker-"+rand.Text()

@@ -1,0 +1,428 @@
+package postgres
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// This file is the flow-control core, the same as the SQLite store's
+// flow.go: slot counters, the refill that promotes queued tasks to ready,
+// and the end of an attempt. Every write transaction goes through a txn,
+// so the counters change only here.
+//
+// What differs from SQLite: the env row is read (and locked) by BEGIN's
+// round trip, not lazily; sub-queue and queue rows come joined to the task
+// rows that need them instead of one read each; counter writes are one
+// set-based statement per table, queued to go with the next round trip;
+// and the refill promotes from all the sub-queues of a step in one
+// statement.
+
+// envRow is the environment row, cached for the length of a transaction.
+type envRow struct {
+	maxRunning, running, active, vtime, rr int64
+	dirty                                  bool
+}
+
+func (e *envRow) hasRoom() bool { return e.maxRunning == 0 || e.running < e.maxRunning }
+
+// sqRow is a sub-queue (queue, concurrency key).
+type sqRow struct {
+	id                         int64
+	queue, ckey                string
+	lim                        *int64
+	paused                     bool
+	running, queued, rr, vtime int64
+	dirty                      bool
+}
+
+func (q *sqRow) hasRoom() bool { return q.lim == nil || q.running < *q.lim }
+
+// sqCols are a sub-queue's columns, table alias s; dest scans them.
+const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime`
+
+func (q *sqRow) dest() []any {
+	return []any{&q.id, &q.queue, &q.ckey, &q.lim, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime}
+}
+
+// queueRow is a queue.
+type queueRow struct {
+	name       string
+	limit      *int64
+	maxBacklog *int64
+	paused     bool
+	active     int64
+	dirty      bool
+}
+
+// qCols are a queue's columns, table alias q; dest scans them.
+const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.active`
+
+func (q *queueRow) dest() []any {
+	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.active}
+}
+
+// useSQ returns the transaction's copy of a sub-queue just read, caching
+// it if it is the first. A cached copy wins: it may hold changes not yet
+// flushed. (Every writer holds the env lock, so a row read in this
+// transaction is otherwise current.)
+func (t *txn) useSQ(q *sqRow) *sqRow {
+	if c, ok := t.sqs[q.id]; ok {
+		return c
+	}
+	t.sqs[q.id] = q
+	t.sqByKey[[2]string{q.queue, q.ckey}] = q
+	return q
+}
+
+// useQueue is useSQ for queues.
+func (t *txn) useQueue(q *queueRow) *queueRow {
+	if c, ok := t.queues[q.name]; ok {
+		return c
+	}
+	t.queues[q.name] = q
+	return q
+}
+
+// subqueue returns the sub-queue by id.
+func (t *txn) subqueue(id int64) (*sqRow, error) {
+	if q, ok := t.sqs[id]; ok {
+		return q, nil
+	}
+	q := &sqRow{}
+	found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.id = $1`, []any{id}, q.dest()...)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("reading sub-queue %d: not found", id)
+	}
+	return t.useSQ(q), nil
+}
+
+// queue returns the queue, creating it unbounded if create is set.
+func (t *txn) queue(name string, create bool) (*queueRow, error) {
+	if q, ok := t.queues[name]; ok {
+		return q, nil
+	}
+	if create {
+		t.exec("creating queue", `INSERT INTO queues (name, created_at, updated_at) VALUES ($1, $2, $2) ON CONFLICT (name) DO NOTHING`, name, t.now)
+	}
+	q := &queueRow{}
+	found, err := t.queryRow("reading queue", `SELECT `+qCols+` FROM queues q WHERE q.name = $1`, []any{name}, q.dest()...)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, sluice.NotFound("queue %q not found", name)
+	}
+	return t.useQueue(q), nil
+}
+
+// take gives a slot of sq (and of the environment) to n tasks becoming
+// ready, and returns their fair-queueing rank.
+func (t *txn) take(sq *sqRow, n int64) int64 {
+	rank := max(sq.vtime+1, t.env.vtime)
+	sq.vtime = rank + n - 1
+	sq.running += n
+	t.env.rr++
+	sq.rr = t.env.rr
+	t.env.running += n
+	sq.dirty, t.env.dirty = true, true
+	t.readied += int(n)
+	return rank
+}
+
+// release gives back the slot of a task leaving ready or running.
+func (t *txn) release(sq *sqRow) {
+	sq.running--
+	t.env.running--
+	sq.dirty, t.env.dirty = true, true
+}
+
+// finish counts a task reaching a terminal state.
+func (t *txn) finish(q *queueRow) {
+	q.active--
+	t.env.active--
+	q.dirty, t.env.dirty = true, true
+}
+
+// flush queues the writes of the changed counters: at most one statement
+// per table.
+func (t *txn) flush() {
+	if e := t.env; e.dirty {
+		t.exec("writing env", `UPDATE env SET max_running = $1, running = $2, active = $3, vtime = $4, rr = $5 WHERE id = 1`,
+			e.maxRunning, e.running, e.active, e.vtime, e.rr)
+		e.dirty = false
+	}
+	var ids, running, queued, rr, vtime []int64
+	for _, q := range t.sqs {
+		if q.dirty {
+			ids, running, queued, rr, vtime = append(ids, q.id), append(running, q.running), append(queued, q.queued), append(rr, q.rr), append(vtime, q.vtime)
+			q.dirty = false
+		}
+	}
+	if len(ids) > 0 {
+		t.exec("writing sub-queues", `UPDATE subqueues s SET running = v.running, queued = v.queued, rr = v.rr, vtime = v.vtime
+			FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) AS v(id, running, queued, rr, vtime)
+			WHERE s.id = v.id`, ids, running, queued, rr, vtime)
+	}
+	var names []string
+	var active []int64
+	for _, q := range t.queues {
+		if q.dirty {
+			names, active = append(names, q.name), append(active, q.active)
+			q.dirty = false
+		}
+	}
+	if len(names) > 0 {
+		t.exec("writing queues", `UPDATE queues q SET active = v.active FROM unnest($1::text[], $2::bigint[]) AS v(name, active)
+			WHERE q.name = v.name`, names, active)
+	}
+}
+
+// fillBatch caps how many tasks one refill step promotes from a sub-queue.
+const fillBatch = 1000
+
+// fillScan is how many eligible sub-queues one refill step reads.
+const fillScan = 64
+
+const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
+	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) ORDER BY s.rr LIMIT $1`
+
+// fill promotes queued tasks into free slots until no sub-queue that has
+// room has waiting tasks, or the environment is full. Sub-queues are served
+// round-robin (least recently served first), one task per turn while the
+// environment limit binds, so one tenant's backlog cannot starve another's.
+// It reads only eligible sub-queues (the partial index subqueues_eligible)
+// and the heads of their task lists, never the blocked backlog.
+//
+// Each step is one round trip: the previous step's promotions and counter
+// writes, then the read of the next eligible sub-queues. The NOTIFY for
+// other replicas rides along once something was readied.
+func (t *txn) fill() error {
+	batch := make([]*sqRow, 0, fillScan)
+	for {
+		t.flush()
+		if !t.env.hasRoom() {
+			break
+		}
+		batch = batch[:0]
+		t.queueQuery("refill", eligibleSQL, []any{fillScan}, func(rows pgx.Rows) error {
+			sq := &sqRow{}
+			if err := rows.Scan(sq.dest()...); err != nil {
+				return err
+			}
+			batch = append(batch, sq)
+			return nil
+		})
+		t.notify()
+		if err := t.send(); err != nil {
+			return err
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		var ps []promotion
+		for _, sq := range batch {
+			if !t.env.hasRoom() {
+				break
+			}
+			// Keep one copy per transaction: a cached copy holds the
+			// same values, as the counters were flushed before the read.
+			ps = append(ps, t.promote(t.useSQ(sq)))
+		}
+		t.queuePromote(ps)
+	}
+	t.notify()
+	return t.send()
+}
+
+// notify queues NOTIFY sluice_ready once the transaction readied tasks; the
+// payload is the schema, so listeners of other deployments in the same
+// database ignore it. PostgreSQL delivers it at commit.
+func (t *txn) notify() {
+	if t.readied > 0 && !t.notified {
+		t.exec("notify", `SELECT pg_notify('sluice_ready', coalesce(current_schema(), ''))`)
+		t.notified = true
+	}
+}
+
+// promotion is the head of one sub-queue's wait list moving to ready.
+type promotion struct{ sq, n, rank int64 }
+
+// promote takes slots for the head of an eligible sub-queue's wait list:
+// as many tasks as its limit allows, one while the environment limit
+// binds. queuePromote moves the tasks.
+func (t *txn) promote(sq *sqRow) promotion {
+	n := min(sq.queued, fillBatch)
+	if sq.lim != nil {
+		n = min(n, *sq.lim-sq.running)
+	}
+	if t.env.maxRunning > 0 {
+		n = 1
+	}
+	rank := t.take(sq, n)
+	sq.queued -= n
+	return promotion{sq: sq.id, n: n, rank: rank}
+}
+
+// promoteSQL moves the heads of sub-queues' wait lists ($1, each $2 tasks)
+// to ready with ranks $3, reading each head through tasks_queued. The ids
+// go through an array so the planner expects a few rows and updates them
+// by primary key: as a plain join, LIMIT p.n (unknown to the planner)
+// made it hash-join a sequential scan of all tasks.
+const promoteSQL = `UPDATE tasks t SET state = 'ready', rank = p.rank
+	FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS p(sq, n, rank)
+	CROSS JOIN LATERAL unnest(ARRAY(
+		SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id LIMIT p.n)) AS h(id)
+	WHERE t.id = h.id
+	RETURNING t.sq`
+
+// queuePromote queues one statement that moves the tasks of all the
+// promotions of a refill step to ready, each sub-queue's head read through
+// tasks_queued, and checks each moved as many as its counter said.
+func (t *txn) queuePromote(ps []promotion) {
+	if len(ps) == 0 {
+		return
+	}
+	sqs, ns, ranks := make([]int64, len(ps)), make([]int64, len(ps)), make([]int64, len(ps))
+	for i, p := range ps {
+		sqs[i], ns[i], ranks[i] = p.sq, p.n, p.rank
+	}
+	got := make(map[int64]int64, len(ps))
+	t.b.Queue(promoteSQL, sqs, ns, ranks).Fn = func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("refill: promoting: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var sq int64
+			if err := rows.Scan(&sq); err != nil {
+				return fmt.Errorf("refill: promoting: %w", err)
+			}
+			got[sq]++
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("refill: promoting: %w", err)
+		}
+		for _, p := range ps {
+			if got[p.sq] != p.n {
+				sq := t.sqs[p.sq]
+				return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
+					p.sq, sq.queue, sq.ckey, sq.queued+p.n, got[p.sq])
+			}
+		}
+		return nil
+	}
+}
+
+// enqueueWaiting puts a task that holds no slot into its sub-queue's wait
+// list (queued), or paused when its queue is paused. It returns the state.
+func (t *txn) enqueueWaiting(q *queueRow, sq *sqRow) sluice.TaskState {
+	if q.paused {
+		return sluice.StatePaused
+	}
+	sq.queued++
+	sq.dirty = true
+	return sluice.StateQueued
+}
+
+// pausedFrom is the paused_from column for a task entering state.
+func pausedFrom(state sluice.TaskState) *string {
+	if state == sluice.StatePaused {
+		s := string(sluice.StateQueued)
+		return &s
+	}
+	return nil
+}
+
+// runningTask is what ending an attempt needs to know of a running task,
+// with its sub-queue and queue (the transaction's copies).
+type runningTask struct {
+	id                   int64
+	workerID             string
+	attempt, maxAttempts int
+	startedAt            int64
+	cancelRequested      bool
+	timeoutUS            int64
+	sq                   *sqRow
+	q                    *queueRow
+}
+
+// runningSelect reads tasks with their sub-queue and queue rows, so ending
+// their attempts needs no further reads; callers add WHERE.
+const runningSelect = `SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
+	sqCols + `, ` + qCols + ` FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
+
+func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
+	r := &runningTask{}
+	sq, q := &sqRow{}, &queueRow{}
+	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS}, sq.dest()...)
+	if err := rows.Scan(append(dest, q.dest()...)...); err != nil {
+		return nil, err
+	}
+	r.sq, r.q = t.useSQ(sq), t.useQueue(q)
+	return r, nil
+}
+
+// selectRunning reads running tasks (runningSelect + where) in one round
+// trip.
+func (t *txn) selectRunning(what, where string, args ...any) ([]*runningTask, error) {
+	var out []*runningTask
+	err := t.query(what, runningSelect+` WHERE `+where, args, func(rows pgx.Rows) error {
+		r, err := t.scanRunning(rows)
+		if err != nil {
+			return err
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// outcome is how an attempt ended.
+type outcome struct {
+	ok         bool
+	output     []byte
+	err        string
+	noRetry    bool
+	retryAfter time.Duration // < 0: retry at once; 0: use backoff
+	backoff    store.Backoff
+}
+
+// endAttempt records the attempt, moves the task on (succeeded, failed,
+// cancelled, or back to scheduled/queued for a retry) and releases its
+// slots. Its writes are queued: they go with the transaction's next round
+// trip. Successes reported by workers take the set-based path in Complete.
+func (t *txn) endAttempt(r *runningTask, o outcome) {
+	sq, q := r.sq, r.q
+	t.release(sq)
+	state, attemptState := store.AttemptEnd(o.ok, r.cancelRequested, o.noRetry, r.attempt, r.maxAttempts)
+	t.exec("recording attempt", `INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		r.id, r.attempt, r.workerID, r.startedAt, t.now, string(attemptState), o.err)
+	if state.Terminal() {
+		t.finish(q)
+		var output []byte
+		if o.ok {
+			output = store.JSONOrNull(o.output)
+		}
+		t.exec("ending task", `UPDATE tasks SET state = $1, output = $2, error = $3, finished_at = $4, worker_id = NULL, timeout_at = NULL WHERE id = $5`,
+			string(state), output, o.err, t.now, r.id)
+		return
+	}
+	delay := store.RetryDelay(o.retryAfter, o.backoff, r.attempt)
+	runAt := t.now
+	if delay > 0 {
+		runAt += delay.Microseconds()
+	} else {
+		state = t.enqueueWaiting(q, sq)
+	}
+	t.exec("retrying task", `UPDATE tasks SET state = $1, paused_from = $2, error = $3, run_at = $4, worker_id = NULL, timeout_at = NULL WHERE id = $5`,
+		string(state), pausedFrom(state), o.err, runAt, r.id)
+}

@@ -1,0 +1,162 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Wake-ups and leadership across replicas. Both hold a dedicated
+// connection outside the pool: LISTEN and session advisory locks belong to
+// a session, which a pooled connection does not keep.
+
+// connect opens a dedicated connection whose application_name ends with
+// role, so operators (and tests) can tell it in pg_stat_activity.
+func (s *Store) connect(ctx context.Context, role string) (*pgx.Conn, error) {
+	cfg := s.connCfg.Copy()
+	cfg.RuntimeParams["application_name"] += " " + role
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// readyChannel is the NOTIFY channel of transactions that readied tasks.
+// The payload is the schema (current_schema()), so several deployments in
+// one database do not wake each other.
+const readyChannel = "sluice_ready"
+
+// Listen holds a connection that LISTENs on sluice_ready and calls onReady
+// for each notification of this store's schema: another replica (or this
+// one) committed a transaction that made tasks ready. It also calls
+// onReady after each (re)connection, since notifications sent while it was
+// disconnected are lost. It reconnects with backoff (100 ms doubling to
+// 5 s) until ctx ends or the store closes, and then returns ctx's error (nil
+// if the store closed). onReady runs on Listen's goroutine: it should only
+// signal.
+func (s *Store) Listen(ctx context.Context, onReady func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.closed, cancel)
+	defer stop()
+	backoff := 100 * time.Millisecond
+	for {
+		connected, err := s.listen(ctx, onReady)
+		if ctx.Err() != nil {
+			if s.closed.Err() != nil {
+				return nil
+			}
+			return ctx.Err()
+		}
+		if connected {
+			backoff = 100 * time.Millisecond
+		}
+		s.log.Warn("postgres: LISTEN connection lost; reconnecting", "err", err, "in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// listen runs one LISTEN session until it fails or ctx ends. connected
+// reports whether it got as far as listening.
+func (s *Store) listen(ctx context.Context, onReady func()) (connected bool, err error) {
+	conn, err := s.connect(ctx, "listen")
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var schema string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&schema); err != nil {
+		return false, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+readyChannel); err != nil {
+		return false, err
+	}
+	onReady()
+	return true, s.watch(ctx, conn, func(n *pgconn.Notification) {
+		if n.Channel == readyChannel && n.Payload == schema {
+			onReady()
+		}
+	})
+}
+
+// watch reads conn's notifications, passing each to fn, until ctx ends
+// or the connection fails. Waiting reads the socket, so a closed
+// connection is seen at once; when it has been quiet for s.checkEvery a
+// ping checks it, so one that is silently gone (a network partition) is
+// noticed within about two periods.
+func (s *Store) watch(ctx context.Context, conn *pgx.Conn, fn func(*pgconn.Notification)) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, s.checkEvery)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err == nil:
+			fn(n)
+			continue
+		case !errors.Is(err, context.DeadlineExceeded) || conn.IsClosed():
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, s.checkEvery)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("ping: %w", err)
+		}
+	}
+}
+
+// TryLead tries to become the leader of the replicas sharing this schema:
+// the one that runs background work (sweeps, deadlines, retention). It
+// takes a session-level advisory lock on a dedicated connection and holds
+// it until ctx ends, the store closes, or the connection dies, whichever
+// comes first; lost closes then. ok is false (and lost nil) when another
+// session leads. PostgreSQL frees the lock when the leader's session ends,
+// so a replica that dies hands over to the next one that tries.
+func (s *Store) TryLead(ctx context.Context) (lost <-chan struct{}, ok bool, err error) {
+	if s.closed.Err() != nil {
+		return nil, false, errors.New("try lead: store closed")
+	}
+	conn, err := s.connect(ctx, "leader")
+	if err != nil {
+		return nil, false, fmt.Errorf("try lead: %w", err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext(coalesce(current_schema(), '')))`, lockLeader).Scan(&ok); err != nil || !ok {
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, false, fmt.Errorf("try lead: %w", err)
+		}
+		return nil, false, nil
+	}
+	ch := make(chan struct{})
+	lctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.closed, cancel)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer close(ch)
+		defer stop()
+		defer cancel()
+		s.holdLead(lctx, conn)
+	}()
+	return ch, true, nil
+}
+
+// holdLead keeps the leader connection until ctx ends (then ends the
+// session, releasing the lock) or the connection fails.
+func (s *Store) holdLead(ctx context.Context, conn *pgx.Conn) {
+	defer conn.Close(context.WithoutCancel(ctx))
+	err := s.watch(ctx, conn, func(*pgconn.Notification) {}) // none expected
+	if ctx.Err() == nil {
+		s.log.Warn("postgres: leader connection lost", "err", err)
+	}
+}

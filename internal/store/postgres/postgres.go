@@ -1,0 +1,362 @@
+// Package postgres is the PostgreSQL store (pgx v5), for several server
+// replicas sharing one database (S-ST1, S-ST2).
+//
+// Its semantics are those of the SQLite store, transaction for
+// transaction, and it passes the same conformance suite. What differs is
+// how a transaction is made safe and fast on a server shared by replicas:
+//
+//   - Every write transaction, claims included, first locks the one env row
+//     (SELECT … FROM env WHERE id = 1 FOR UPDATE). Writers therefore
+//     serialise cluster-wide exactly as they do on SQLite's single writer
+//     connection, so the counters a transaction reads, changes in memory and
+//     writes back (env, sub-queues, queues) are never written by two
+//     transactions at once, and there is one lock order, so no deadlocks.
+//     The clock is read once the lock is held, so recorded times follow
+//     commit order. Claims also select ready tasks FOR UPDATE SKIP LOCKED.
+//   - Since writers serialise, a transaction's cost is its round trips
+//     while it holds the lock. Statements are set-based (unnest arrays) and
+//     sent in pgx batches: statements whose results the transaction does not
+//     need at once are queued and go with the next statement that is read
+//     (txn.exec), BEGIN goes with the env lock, and a claim, a completion of
+//     N results or an enqueue of N tasks takes a handful of round trips
+//     whatever N is.
+//   - A transaction that made tasks ready sends NOTIFY sluice_ready
+//     (delivered at commit); Listen wakes other replicas' long-polls.
+//   - TryLead elects the replica that runs background work.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Advisory lock keys: the first of the two int4 keys names the purpose, the
+// second is hashtext(current_schema()), so deployments (and tests) in
+// different schemas of one database do not contend.
+const (
+	lockMigrate = 0x736c7563 // "sluc"
+	lockLeader  = 0x736c7564
+)
+
+// Store is the PostgreSQL store.
+type Store struct {
+	pool    *pgxpool.Pool
+	connCfg *pgx.ConnConfig // for the dedicated LISTEN and leader connections
+	log     *slog.Logger
+
+	clock atomic.Pointer[func() time.Time]
+
+	// checkEvery is how often a quiet LISTEN or leader connection is
+	// pinged, so one that is silently gone is noticed.
+	checkEvery time.Duration
+
+	// closed ends Listen loops and leaderships when the store closes.
+	closed    context.Context
+	closeFn   context.CancelFunc
+	bg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Option configures Open.
+type Option func(*Store)
+
+// WithLogger sets the logger for connection trouble seen by Listen and
+// TryLead. Defaults to slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
+
+// Open connects to the database at url ("postgres://…" or
+// "postgresql://…", any libpq keyword or URL form pgx accepts). Runtime
+// parameters ride in the URL: search_path=myschema puts sluice's tables in
+// that schema; pool_max_conns sizes the pool (default max(4, CPUs));
+// idle_in_transaction_session_timeout defaults to 15s (see below).
+func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("db: %w", err)
+	}
+	for k, v := range map[string]string{
+		"application_name": "sluice",
+		// A replica that stalls mid-transaction (frozen VM, network
+		// partition) holds the env lock, and so every writer of the
+		// cluster waits, until PostgreSQL ends its session. Transactions
+		// take milliseconds: end such a session soon.
+		"idle_in_transaction_session_timeout": "15s",
+	} {
+		if _, ok := cfg.ConnConfig.RuntimeParams[k]; !ok {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("db: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", err)
+	}
+	s := &Store{pool: pool, connCfg: cfg.ConnConfig.Copy(), log: slog.Default(), checkEvery: time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	s.closed, s.closeFn = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// SetClock replaces the clock; see store.Store.
+func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
+
+// now reads the clock. Write transactions call it once they hold the env
+// lock.
+func (s *Store) now() time.Time {
+	if c := s.clock.Load(); c != nil {
+		return (*c)()
+	}
+	return time.Now()
+}
+
+// Close ends Listen loops and leaderships (releasing the leader lock) and
+// closes the pool.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closeFn()
+		s.bg.Wait()
+		s.pool.Close()
+	})
+	return nil
+}
+
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.pool.Ping(ctx)
+}
+
+// Migrations lists the embedded migration names in order.
+func Migrations() []string {
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	sort.Strings(names)
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
+	}
+	return names
+}
+
+// Migrate applies pending migrations, each in its own transaction.
+func (s *Store) Migrate(ctx context.Context) ([]string, error) {
+	return s.MigrateTo(ctx, "")
+}
+
+// MigrateTo applies pending migrations up to and including target ("" =
+// all). Each runs in a transaction holding an advisory lock on the schema,
+// so servers starting at once apply each migration once, in order.
+func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) {
+	var applied []string
+	for _, name := range Migrations() {
+		done, err := s.migrate(ctx, name)
+		if err != nil {
+			return applied, fmt.Errorf("migration %s: %w", name, err)
+		}
+		if done {
+			applied = append(applied, name)
+		}
+		if name == target {
+			break
+		}
+	}
+	return applied, nil
+}
+
+// migrate applies one migration unless it was applied, and reports
+// whether it applied it.
+func (s *Store) migrate(ctx context.Context, name string) (bool, error) {
+	body, err := migrations.ReadFile("migrations/" + name + ".sql")
+	if err != nil {
+		return false, err
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// The lock comes before CREATE TABLE IF NOT EXISTS, which is not safe
+	// against a concurrent creation.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))`, lockMigrate); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
+		return false, err
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE name = $1`, name).Scan(&n); err != nil {
+		return false, err
+	}
+	if n > 0 {
+		return false, tx.Commit(ctx)
+	}
+	// Without arguments pgx uses the simple protocol, which runs a
+	// multi-statement body.
+	if _, err := tx.Exec(ctx, string(body)); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES ($1, $2)`, name, time.Now().UnixMicro()); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
+// txn is one write transaction: its pending batch, its clock reading and
+// its cached counters (flow.go).
+type txn struct {
+	ctx context.Context
+	s   *Store
+	tx  pgx.Tx
+	// b holds statements for the next round trip. exec only queues;
+	// query sends b with its own statement last, so every statement runs in
+	// order and a read sees every write queued before it.
+	b        *pgx.Batch
+	now      int64
+	env      *envRow
+	sqs      map[int64]*sqRow
+	sqByKey  map[[2]string]*sqRow
+	queues   map[string]*queueRow
+	readied  int
+	notified bool
+	ids      []int64 // task ids drawn by prepareInsert
+}
+
+const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`
+
+// run runs fn in a write transaction. BEGIN and the env lock go in the
+// first round trip, with whatever prelude queues: a prelude's statements
+// see the locked state but run before the clock is read, so they must not
+// need t.now. Statements still queued when fn returns are sent before the
+// commit.
+func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) error) error {
+	t := &txn{ctx: ctx, s: s, b: &pgx.Batch{}, env: &envRow{},
+		sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
+	t.b.BeginTx(pgx.TxOptions{})
+	e := t.env
+	t.b.Queue(envLockSQL).QueryRow(func(r pgx.Row) error {
+		if err := r.Scan(&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr); err != nil {
+			return fmt.Errorf("locking env: %w", err)
+		}
+		return nil
+	})
+	if prelude != nil {
+		prelude(t)
+	}
+	br := s.pool.SendBatch(ctx, t.b)
+	t.tx = br.Tx()
+	t.b = &pgx.Batch{}
+	if t.tx != nil {
+		defer t.tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if t.tx == nil {
+		return errors.New("begin: no transaction")
+	}
+	t.now = us(s.now())
+	if err := fn(t); err != nil {
+		return err
+	}
+	if err := t.send(); err != nil {
+		return err
+	}
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// exec queues a statement whose result is not needed at once; its error,
+// if any, comes with the next round trip. what names it in that error.
+func (t *txn) exec(what, sql string, args ...any) {
+	t.b.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+}
+
+// queueQuery queues a query whose rows fn reads when the batch is sent.
+func (t *txn) queueQuery(what, sql string, args []any, fn func(rows pgx.Rows) error) {
+	t.b.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := fn(rows); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+}
+
+// query sends the pending batch with a query last and calls fn per row.
+func (t *txn) query(what, sql string, args []any, fn func(rows pgx.Rows) error) error {
+	t.queueQuery(what, sql, args, fn)
+	return t.send()
+}
+
+// queryRow sends the pending batch with a one-row query last and scans
+// it; found is false when the query returned no row.
+func (t *txn) queryRow(what, sql string, args []any, dest ...any) (found bool, err error) {
+	err = t.query(what, sql, args, func(rows pgx.Rows) error {
+		if found {
+			return nil
+		}
+		found = true
+		return rows.Scan(dest...)
+	})
+	return found, err
+}
+
+// send runs the pending batch: one round trip.
+func (t *txn) send() error {
+	if t.b.Len() == 0 {
+		return nil
+	}
+	b := t.b
+	t.b = &pgx.Batch{}
+	return t.tx.SendBatch(t.ctx, b).Close()
+}
+
+// Time helpers: the schema stores unix microseconds.
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+func fromNullUS(v *int64) *time.Time {
+	if v == nil {
+		return nil
+	}
+	t := fromUS(*v)
+	return &t
+}

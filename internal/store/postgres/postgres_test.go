@@ -1,0 +1,135 @@
+package postgres_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/pgtest"
+	"github.com/sluice-dev/sluice/internal/store/postgres"
+	"github.com/sluice-dev/sluice/internal/store/storetest"
+)
+
+// open opens a store on dbURL, closed when the test ends.
+func open(t *testing.T, dbURL string) *postgres.Store {
+	t.Helper()
+	st, err := postgres.Open(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// newStore is a migrated store on a fresh schema.
+func newStore(t *testing.T) store.Store {
+	st := open(t, pgtest.URL(t))
+	_, err := st.Migrate(context.Background())
+	require.NoError(t, err)
+	return st
+}
+
+func TestPostgresConformance(t *testing.T) {
+	pgtest.BaseURL(t)
+	storetest.Run(t, newStore)
+}
+
+// Two replicas on one schema, migrating at once as two servers starting
+// together do.
+func newReplicas(t *testing.T) (store.Store, store.Store) {
+	u := pgtest.URL(t)
+	a, b := open(t, u), open(t, u)
+	migrateAtOnce(t, a, b)
+	return a, b
+}
+
+// migrateAtOnce migrates the stores concurrently and checks each
+// migration was applied exactly once.
+func migrateAtOnce(t *testing.T, sts ...*postgres.Store) {
+	t.Helper()
+	var wg sync.WaitGroup
+	applied := make([][]string, len(sts))
+	errs := make([]error, len(sts))
+	for i, st := range sts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			applied[i], errs[i] = st.Migrate(context.Background())
+		}()
+	}
+	wg.Wait()
+	var all []string
+	for i := range sts {
+		require.NoError(t, errs[i])
+		all = append(all, applied[i]...)
+	}
+	require.ElementsMatch(t, postgres.Migrations(), all, "each migration applied once")
+}
+
+func TestPostgresTwoReplicas(t *testing.T) {
+	pgtest.BaseURL(t)
+	storetest.RunReplicas(t, newReplicas)
+}
+
+// Upgrading from every earlier migration reaches the same schema as a
+// fresh install, and a second run applies nothing.
+func TestPostgresMigrateFromEveryVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	names := postgres.Migrations()
+	require.NotEmpty(t, names)
+	fresh := open(t, pgtest.URL(t))
+	_, err := fresh.Migrate(ctx)
+	require.NoError(t, err)
+	want := schemaOf(t, fresh)
+	for i := range names {
+		st := open(t, pgtest.URL(t))
+		applied, err := st.MigrateTo(ctx, names[i])
+		require.NoError(t, err)
+		require.Equal(t, names[:i+1], applied)
+		rest, err := st.Migrate(ctx)
+		require.NoError(t, err)
+		require.Equal(t, names[i+1:], nonNil(rest))
+		again, err := st.Migrate(ctx)
+		require.NoError(t, err)
+		require.Empty(t, again)
+		require.Equal(t, want, schemaOf(t, st), "upgraded from %s", names[i])
+	}
+}
+
+// schemaOf describes the tables, columns and indexes of a store's schema.
+func schemaOf(t *testing.T, st *postgres.Store) []string {
+	t.Helper()
+	var out []string
+	for _, q := range []string{
+		`SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+			FROM information_schema.columns WHERE table_schema = current_schema() AND table_name != 'schema_migrations'`,
+		`SELECT indexname || ' ' || regexp_replace(indexdef, ' ON [a-z0-9_]+\.', ' ON ') FROM pg_indexes WHERE schemaname = current_schema()`,
+	} {
+		rows, err := st.Pool().Query(context.Background(), q)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		out = append(out, got...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func TestPostgresOpenErrors(t *testing.T) {
+	pgtest.BaseURL(t)
+	_, err := postgres.Open(context.Background(), "postgres://postgres@127.0.0.1:1/nope?sslmode=disable&connect_timeout=2")
+	require.ErrorContains(t, err, "db:")
+	_, err = postgres.Open(context.Background(), "postgres://%zz")
+	require.ErrorContains(t, err, "db:")
+}

@@ -1,0 +1,147 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// PromoteDue moves scheduled tasks whose time has come into their
+// sub-queues; see store.Store.
+func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, store.Outcome, error) {
+	var n int
+	var next time.Time
+	o, err := s.write(ctx, func(t *txn) error {
+		n, next = 0, time.Time{}
+		var ids []int64
+		var states []string
+		var paused []*string
+		err := t.query("promoting due tasks", `SELECT t.id, `+sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq
+			JOIN queues q ON q.name = t.queue WHERE t.state = 'scheduled' AND t.run_at <= $1 ORDER BY t.run_at LIMIT $2`,
+			[]any{t.now, limit}, func(rows pgx.Rows) error {
+				var id int64
+				sq, q := &sqRow{}, &queueRow{}
+				if err := rows.Scan(append(append([]any{&id}, sq.dest()...), q.dest()...)...); err != nil {
+					return err
+				}
+				state := t.enqueueWaiting(t.useQueue(q), t.useSQ(sq))
+				ids, states, paused = append(ids, id), append(states, string(state)), append(paused, pausedFrom(state))
+				return nil
+			})
+		if err != nil {
+			return err
+		}
+		n = len(ids)
+		if n > 0 {
+			t.exec("promoting due tasks", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from
+				FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, state, paused_from) WHERE t.id = v.id`, ids, states, paused)
+		}
+		// Read after the update, with the refill's round trip.
+		t.queueQuery("promoting due tasks", `SELECT min(run_at) FROM tasks WHERE state = 'scheduled'`, nil, func(rows pgx.Rows) error {
+			var nextUS *int64
+			if err := rows.Scan(&nextUS); err != nil {
+				return err
+			}
+			if nextUS != nil {
+				next = fromUS(*nextUS)
+			}
+			return nil
+		})
+		return nil
+	})
+	return n, next, o, err
+}
+
+// SweepExpired recovers the tasks of workers whose lease expired and ends
+// attempts past their timeout (S-W6, S-LC3).
+func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backoff) (int, store.Outcome, error) {
+	var n int
+	o, err := s.write(ctx, func(t *txn) error {
+		n = 0
+		var dead []string
+		err := t.query("sweeping leases", `DELETE FROM workers WHERE id IN (SELECT id FROM workers WHERE lease_expires_at < $1 LIMIT $2) RETURNING id`,
+			[]any{t.now, limit}, func(rows pgx.Rows) error {
+				var id string
+				if err := rows.Scan(&id); err != nil {
+					return err
+				}
+				dead = append(dead, id)
+				return nil
+			})
+		if err != nil {
+			return err
+		}
+		if len(dead) > 0 {
+			if err := t.dropWorkers(dead, store.LeaseExpiredReason); err != nil {
+				return err
+			}
+			n += len(dead)
+		}
+		// The dropped workers' attempts are ended by the writes queued
+		// above, which go first in this round trip.
+		timedOut, err := t.selectRunning("sweeping timeouts", `t.state = 'running' AND t.timeout_at IS NOT NULL AND t.timeout_at < $1 LIMIT $2`, t.now, limit)
+		if err != nil {
+			return err
+		}
+		for _, rt := range timedOut {
+			t.endAttempt(rt, outcome{err: store.TimeoutReason(time.Duration(rt.timeoutUS) * time.Microsecond), backoff: backoff})
+			n++
+		}
+		return nil
+	})
+	return n, o, err
+}
+
+// ExpireDeadlines fails tasks not started by their dispatch deadline
+// (S-LC4) with an error starting "capacity:".
+func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outcome, error) {
+	var n int
+	o, err := s.write(ctx, func(t *txn) error {
+		n = 0
+		return t.query("expiring deadlines", `SELECT t.id, t.state, t.dispatch_deadline_at - t.created_at, t.attempt, `+sqCols+`, `+qCols+`
+			FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue
+			WHERE t.dispatch_deadline_at IS NOT NULL AND t.state IN ('scheduled', 'queued', 'ready', 'paused') AND t.dispatch_deadline_at <= $1
+			ORDER BY t.dispatch_deadline_at LIMIT $2`, []any{t.now, limit}, func(rows pgx.Rows) error {
+			var (
+				id, dl  int64
+				state   string
+				attempt int
+			)
+			sq, q := &sqRow{}, &queueRow{}
+			if err := rows.Scan(append(append([]any{&id, &state, &dl, &attempt}, sq.dest()...), q.dest()...)...); err != nil {
+				return err
+			}
+			st := sluice.TaskState(state)
+			q = t.useQueue(q)
+			why := store.DeadlineReason(time.Duration(dl)*time.Microsecond, attempt, st, q.name)
+			t.cancelWaiting(id, st, t.useSQ(sq), q, why)
+			n++
+			return nil
+		})
+	})
+	return n, o, err
+}
+
+// DeleteFinished deletes finished tasks past retention; see store.Store.
+// One statement, without the env lock: finished tasks hold no slot and
+// count in no counter, and no transaction writes them again, so deleting
+// them cannot race a writer, and writers are not held up meanwhile.
+func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH del AS (
+			DELETE FROM tasks WHERE id IN (
+				SELECT id FROM tasks WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < $1
+				ORDER BY finished_at LIMIT $2)
+			RETURNING id),
+		att AS (DELETE FROM attempts WHERE task_id IN (SELECT id FROM del))
+		SELECT count(*) FROM del`, us(before), limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("retention: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,484 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// Enqueue inserts tasks in one transaction; see store.Store. Whatever the
+// number of tasks, it takes four round trips: BEGIN with the env lock; the
+// idempotency lookup (only if keys are given); the queues, sub-queues and
+// task ids; the insert with the refill; and the commit.
+func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error) {
+	results := make([]store.EnqueueResult, len(tasks))
+	o, err := s.write(ctx, func(t *txn) error {
+		// Idempotent re-submissions first: they create nothing and are
+		// never rejected. Concurrent replicas are serialised by the env
+		// lock, so the lookup sees every committed key; the unique index
+		// tasks_idempotency is the backstop.
+		existing, err := t.idempotent(tasks)
+		if err != nil {
+			return err
+		}
+		fresh := make([]int, 0, len(tasks))
+		seen := map[string]int{}
+		dups := map[int]int{} // index → index of the first with its key
+		for i, nt := range tasks {
+			if k := nt.IdempotencyKey; k != "" {
+				if j, ok := seen[k]; ok {
+					dups[i] = j
+					continue
+				}
+				seen[k] = i
+				if task, ok := existing[k]; ok {
+					results[i] = store.EnqueueResult{Task: task}
+					continue
+				}
+			}
+			fresh = append(fresh, i)
+		}
+		if err := t.admit(lim, tasks, fresh); err != nil {
+			return err
+		}
+		if err := t.insert(tasks, fresh, results); err != nil {
+			return err
+		}
+		for i, j := range dups {
+			results[i] = store.EnqueueResult{Task: results[j].Task}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	return results, o, nil
+}
+
+// write runs fn in a write transaction, then writes the counters and
+// refills freed slots before the commit.
+func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
+	var o store.Outcome
+	err := s.run(ctx, nil, func(t *txn) error {
+		if err := fn(t); err != nil {
+			return err
+		}
+		if err := t.fill(); err != nil {
+			return err
+		}
+		o.Readied = t.readied
+		return nil
+	})
+	return o, err
+}
+
+// idempotent returns the existing tasks of the batch's idempotency keys.
+func (t *txn) idempotent(tasks []store.NewTask) (map[string]*sluice.Task, error) {
+	var keys []string
+	for _, nt := range tasks {
+		if nt.IdempotencyKey != "" {
+			keys = append(keys, nt.IdempotencyKey)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	ids := map[string]int64{}
+	err := t.query("idempotency lookup", `SELECT idempotency_key, id FROM tasks WHERE idempotency_key = ANY($1)`, []any{keys}, func(rows pgx.Rows) error {
+		var k string
+		var id int64
+		if err := rows.Scan(&k, &id); err != nil {
+			return err
+		}
+		ids[k] = id
+		return nil
+	})
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	out := make(map[string]*sluice.Task, len(ids))
+	for k, id := range ids { // replays are rare: one read each
+		if err := t.send(); err != nil {
+			return nil, err
+		}
+		task, err := getTask(t.ctx, t.tx, id)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = task
+	}
+	return out, nil
+}
+
+// admit checks the admission ceilings for the fresh tasks (S-FC6), after
+// loading (creating) their queues and sub-queues for insert.
+func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error {
+	if lim.MaxActive > 0 && t.env.active+int64(len(fresh)) > int64(lim.MaxActive) {
+		return store.EnvAdmissionError(lim.MaxActive, t.env.active)
+	}
+	if err := t.prepareInsert(tasks, fresh); err != nil {
+		return err
+	}
+	perQueue := map[string]int64{}
+	for _, i := range fresh {
+		perQueue[tasks[i].Queue]++
+	}
+	for name, n := range perQueue {
+		q := t.queues[name]
+		if q.maxBacklog != nil && q.active+n > *q.maxBacklog {
+			return store.QueueAdmissionError(name, *q.maxBacklog, q.active)
+		}
+	}
+	return nil
+}
+
+// prepareInsert creates and caches, in one round trip, the queues and
+// sub-queues the fresh tasks go to, and draws their ids. Ids are drawn
+// under the env lock, in batch order, so they follow commit order as on
+// SQLite.
+func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
+	var qnames []string
+	var sqQueues, sqKeys []string
+	seenQ := map[string]bool{}
+	seenSQ := map[[2]string]bool{}
+	for _, i := range fresh {
+		nt := &tasks[i]
+		if _, ok := t.queues[nt.Queue]; !ok && !seenQ[nt.Queue] {
+			seenQ[nt.Queue] = true
+			qnames = append(qnames, nt.Queue)
+		}
+		k := [2]string{nt.Queue, nt.ConcurrencyKey}
+		if _, ok := t.sqByKey[k]; !ok && !seenSQ[k] {
+			seenSQ[k] = true
+			sqQueues, sqKeys = append(sqQueues, k[0]), append(sqKeys, k[1])
+		}
+	}
+	if len(qnames) > 0 {
+		t.exec("creating queues", `INSERT INTO queues (name, created_at, updated_at) SELECT n, $2, $2 FROM unnest($1::text[]) AS n
+			ON CONFLICT (name) DO NOTHING`, qnames, t.now)
+		t.queueQuery("reading queues", `SELECT `+qCols+` FROM queues q WHERE q.name = ANY($1)`, []any{qnames}, func(rows pgx.Rows) error {
+			q := &queueRow{}
+			if err := rows.Scan(q.dest()...); err != nil {
+				return err
+			}
+			t.useQueue(q)
+			return nil
+		})
+	}
+	if len(sqQueues) > 0 {
+		t.exec("creating sub-queues", `INSERT INTO subqueues (queue, ckey, lim, paused)
+			SELECT v.queue, v.ckey, q.concurrency_limit, q.paused FROM unnest($1::text[], $2::text[]) AS v(queue, ckey), queues q
+			WHERE q.name = v.queue ON CONFLICT (queue, ckey) DO NOTHING`, sqQueues, sqKeys)
+		t.queueQuery("reading sub-queues", `SELECT `+sqCols+` FROM subqueues s JOIN unnest($1::text[], $2::text[]) AS v(queue, ckey)
+			ON s.queue = v.queue AND s.ckey = v.ckey`, []any{sqQueues, sqKeys}, func(rows pgx.Rows) error {
+			sq := &sqRow{}
+			if err := rows.Scan(sq.dest()...); err != nil {
+				return err
+			}
+			t.useSQ(sq)
+			return nil
+		})
+	}
+	t.ids = t.ids[:0]
+	if len(fresh) > 0 {
+		t.queueQuery("drawing task ids", `SELECT nextval(pg_get_serial_sequence('tasks', 'id')) FROM generate_series(1, $1)`,
+			[]any{len(fresh)}, func(rows pgx.Rows) error {
+				var id int64
+				if err := rows.Scan(&id); err != nil {
+					return err
+				}
+				t.ids = append(t.ids, id)
+				return nil
+			})
+	}
+	if err := t.send(); err != nil {
+		return err
+	}
+	slices.Sort(t.ids)
+	return nil
+}
+
+// insert adds the fresh tasks with one statement, queued to go with the
+// refill. Each is ready at once if its sub-queue and the environment have
+// room and nothing waits ahead of it.
+func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.EnqueueResult) error {
+	if len(fresh) == 0 {
+		return nil
+	}
+	if len(t.ids) != len(fresh) {
+		return fmt.Errorf("inserting tasks: drew %d ids for %d tasks", len(t.ids), len(fresh))
+	}
+	n := len(fresh)
+	var (
+		kinds, queues, ckeys, states = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		sqs, timeouts, runAts, ranks = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+		priorities, maxAttempts      = make([]int, n), make([]int, n)
+		paused, idems                = make([]*string, n), make([]*string, n)
+		deadlines                    = make([]*int64, n)
+		inputs                       = make([][]byte, n)
+	)
+	for j, i := range fresh {
+		nt := &tasks[i]
+		q := t.queues[nt.Queue]
+		sq := t.sqByKey[[2]string{nt.Queue, nt.ConcurrencyKey}]
+		if q == nil || sq == nil {
+			return fmt.Errorf("inserting task: queue %q or its sub-queue %q missing", nt.Queue, nt.ConcurrencyKey)
+		}
+		runAt := t.now
+		if !nt.RunAt.IsZero() && us(nt.RunAt) > t.now {
+			runAt = us(nt.RunAt)
+		}
+		var state sluice.TaskState
+		var rank int64
+		switch {
+		case runAt > t.now:
+			state = sluice.StateScheduled
+		case !q.paused && sq.queued == 0 && sq.hasRoom() && t.env.hasRoom():
+			state = sluice.StateReady
+			rank = t.take(sq, 1)
+		default:
+			state = t.enqueueWaiting(q, sq)
+		}
+		q.active++
+		t.env.active++
+		q.dirty, t.env.dirty = true, true
+
+		var deadlineAt *time.Time
+		if nt.DispatchDeadline > 0 {
+			d := t.now + nt.DispatchDeadline.Microseconds()
+			deadlines[j] = &d
+			dt := fromUS(d)
+			deadlineAt = &dt
+		}
+		if nt.IdempotencyKey != "" {
+			idems[j] = &nt.IdempotencyKey
+		}
+		input := store.JSONOrNull(nt.Input)
+		kinds[j], queues[j], ckeys[j], states[j] = nt.Kind, nt.Queue, nt.ConcurrencyKey, string(state)
+		sqs[j], timeouts[j], runAts[j], ranks[j] = sq.id, nt.Timeout.Microseconds(), runAt, rank
+		priorities[j], maxAttempts[j] = nt.Priority, nt.MaxAttempts
+		paused[j], inputs[j] = pausedFrom(state), input
+		task := &sluice.Task{
+			ID: t.ids[j], Kind: nt.Kind, Queue: nt.Queue, ConcurrencyKey: nt.ConcurrencyKey, Priority: nt.Priority,
+			State: state, MaxAttempts: nt.MaxAttempts, Input: input, Output: []byte("null"),
+			Timeout: sluice.Duration(nt.Timeout), RunAt: fromUS(runAt), DispatchDeadlineAt: deadlineAt,
+			IdempotencyKey: nt.IdempotencyKey, CreatedAt: fromUS(t.now), Attempts: []sluice.Attempt{},
+		}
+		if state == sluice.StatePaused {
+			task.PausedFrom = sluice.StateQueued
+		}
+		results[i] = store.EnqueueResult{Task: task, Created: true}
+	}
+	t.exec("inserting tasks", `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank)
+		SELECT id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+			timeout_us, run_at, deadline, idem, $16, rank
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
+			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[])
+			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank)`,
+		t.ids, kinds, queues, ckeys, sqs, priorities, states, paused, maxAttempts, inputs, timeouts, runAts, deadlines, idems, ranks, t.now)
+	return nil
+}
+
+const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
+	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
+	t.worker_id, t.cancel_requested, w.lease_expires_at`
+
+const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state = 'running'`
+
+// taskScan holds the nullable columns of a task while scanning.
+type taskScan struct {
+	task                                 sluice.Task
+	state                                string
+	pausedFrom, idem, workerID           *string
+	input, output                        []byte
+	timeoutUS, runAt, createdAt          int64
+	deadline, started, finished, leaseAt *int64
+}
+
+func (x *taskScan) dest() []any {
+	t := &x.task
+	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
+		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
+		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt}
+}
+
+func (x *taskScan) result() *sluice.Task {
+	task := x.task
+	deref := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	task.State = sluice.TaskState(x.state)
+	task.PausedFrom = sluice.TaskState(deref(x.pausedFrom))
+	task.IdempotencyKey = deref(x.idem)
+	task.WorkerID = deref(x.workerID)
+	task.Input = store.JSONOrNull(x.input)
+	task.Output = store.JSONOrNull(x.output)
+	task.Timeout = sluice.Duration(time.Duration(x.timeoutUS) * time.Microsecond)
+	task.RunAt = fromUS(x.runAt)
+	task.CreatedAt = fromUS(x.createdAt)
+	task.DispatchDeadlineAt = fromNullUS(x.deadline)
+	task.StartedAt = fromNullUS(x.started)
+	task.FinishedAt = fromNullUS(x.finished)
+	task.LeaseExpiresAt = fromNullUS(x.leaseAt)
+	task.Attempts = []sluice.Attempt{}
+	return &task
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// getTask reads a task and its attempts in one statement (one snapshot:
+// an attempt that ends meanwhile is either running or recorded, never both
+// or neither).
+func getTask(ctx context.Context, db querier, id int64) (*sluice.Task, error) {
+	rows, err := db.Query(ctx, `SELECT `+taskCols+`, a.attempt, a.worker_id, a.started_at, a.finished_at, a.state, a.error`+taskFrom+`
+		LEFT JOIN attempts a ON a.task_id = t.id WHERE t.id = $1 ORDER BY a.attempt`, id)
+	if err != nil {
+		return nil, fmt.Errorf("reading task %d: %w", id, err)
+	}
+	defer rows.Close()
+	var task *sluice.Task
+	for rows.Next() {
+		var x taskScan
+		var (
+			attempt             *int
+			worker, state, msg  *string
+			aStarted, aFinished *int64
+		)
+		if err := rows.Scan(append(x.dest(), &attempt, &worker, &aStarted, &aFinished, &state, &msg)...); err != nil {
+			return nil, fmt.Errorf("reading task %d: %w", id, err)
+		}
+		if task == nil {
+			task = x.result()
+		}
+		if attempt != nil {
+			task.Attempts = append(task.Attempts, sluice.Attempt{Attempt: *attempt, WorkerID: *worker, StartedAt: fromUS(*aStarted),
+				FinishedAt: fromNullUS(aFinished), State: sluice.TaskState(*state), Error: *msg})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading task %d: %w", id, err)
+	}
+	if task == nil {
+		return nil, sluice.NotFound("task %d not found", id)
+	}
+	if task.State == sluice.StateRunning && task.StartedAt != nil {
+		task.Attempts = append(task.Attempts, sluice.Attempt{Attempt: task.Attempt, WorkerID: task.WorkerID, StartedAt: *task.StartedAt, State: sluice.StateRunning})
+	}
+	return task, nil
+}
+
+// GetTask returns a task with its attempts.
+func (s *Store) GetTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	return getTask(ctx, s.pool, id)
+}
+
+// ListTasks returns up to f.Limit+1 tasks newest first.
+func (s *Store) ListTasks(ctx context.Context, f sluice.TaskFilter, afterID int64) ([]sluice.Task, error) {
+	var where []string
+	var args []any
+	arg := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, cond+" $"+strconv.Itoa(len(args)))
+	}
+	if f.State != "" {
+		if f.State.Terminal() {
+			// A literal, so the planner can use tasks_finished_state
+			// (a partial index) for the newest tasks in that state.
+			where = append(where, "t.state = '"+string(f.State)+"'")
+		} else {
+			arg("t.state =", string(f.State))
+		}
+	}
+	if f.Queue != "" {
+		arg("t.queue =", f.Queue)
+	}
+	if f.Kind != "" {
+		arg("t.kind =", f.Kind)
+	}
+	if afterID > 0 {
+		arg("t.id <", afterID)
+	}
+	q := `SELECT ` + taskCols + taskFrom
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY t.id DESC LIMIT " + strconv.Itoa(f.Limit+1)
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing tasks: %w", err)
+	}
+	defer rows.Close()
+	var out []sluice.Task
+	for rows.Next() {
+		var x taskScan
+		if err := rows.Scan(x.dest()...); err != nil {
+			return nil, fmt.Errorf("listing tasks: %w", err)
+		}
+		out = append(out, *x.result())
+	}
+	return out, rows.Err()
+}
+
+// CancelTask cancels a task; see store.Store.
+func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
+		var state string
+		sq, q := &sqRow{}, &queueRow{}
+		found, err := t.queryRow("cancel", `SELECT t.state, `+sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq
+			JOIN queues q ON q.name = t.queue WHERE t.id = $1`, []any{id}, append(append([]any{&state}, sq.dest()...), q.dest()...)...)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return sluice.NotFound("task %d not found", id)
+		}
+		st := sluice.TaskState(state)
+		if st.Terminal() {
+			return sluice.Conflict("task %d already %s", id, st)
+		}
+		if st == sluice.StateRunning {
+			t.exec("cancel", `UPDATE tasks SET cancel_requested = true WHERE id = $1`, id)
+			return nil
+		}
+		t.cancelWaiting(id, st, t.useSQ(sq), t.useQueue(q), "cancelled")
+		return nil
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	task, err := s.GetTask(ctx, id)
+	return task, o, err
+}
+
+// cancelWaiting ends a task that is not running (cancelled or, for a
+// missed dispatch deadline, failed) and frees what it held. Its write is
+// queued.
+func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sq *sqRow, q *queueRow, reason string) {
+	switch state {
+	case sluice.StateReady:
+		t.release(sq)
+	case sluice.StateQueued:
+		sq.queued--
+		sq.dirty = true
+	}
+	t.finish(q)
+	final, msg := sluice.StateCancelled, ""
+	if reason != "cancelled" {
+		final, msg = sluice.StateFailed, reason
+	}
+	t.exec("ending task", `UPDATE tasks SET state = $1, error = $2, finished_at = $3, paused_from = NULL WHERE id = $4`, string(final), msg, t.now, id)
+}

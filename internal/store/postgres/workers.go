@@ -1,0 +1,396 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// RegisterWorker records a worker and the kinds it handles. Like every
+// write it holds the env lock, so its times follow commit order.
+func (s *Store) RegisterWorker(ctx context.Context, w store.Worker) error {
+	kinds := w.Kinds
+	if kinds == nil {
+		kinds = []string{}
+	}
+	return s.run(ctx, nil, func(t *txn) error {
+		now := fromUS(t.now)
+		t.exec("registering worker", `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at)
+			VALUES ($1, $2, $3, $4, $4, $5, $5, $6)`, w.ID, w.Name, kinds, w.Slots, t.now, us(now.Add(w.Lease)))
+		t.exec("registering worker", `INSERT INTO worker_kinds (kind, worker_id) SELECT k, $2 FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING`, kinds, w.ID)
+		return nil
+	})
+}
+
+// ListWorkers returns the live workers, oldest first, with the tasks each
+// runs.
+func (s *Store) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at,
+		memory_used_ratio, p99_latency_us FROM workers ORDER BY started_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing workers: %w", err)
+	}
+	out := []sluice.WorkerInfo{}
+	idx := map[string]int{}
+	for rows.Next() {
+		var w sluice.WorkerInfo
+		var started, hb, lease, p99 int64
+		if err := rows.Scan(&w.ID, &w.Name, &w.Kinds, &w.Slots, &w.FreeSlots, &started, &hb, &lease, &w.MemoryUsedRatio, &p99); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("listing workers: %w", err)
+		}
+		w.StartedAt, w.LastHeartbeatAt, w.LeaseExpiresAt = fromUS(started), fromUS(hb), fromUS(lease)
+		w.P99Latency = sluice.Duration(time.Duration(p99) * time.Microsecond)
+		w.Tasks = []int64{}
+		idx[w.ID] = len(out)
+		out = append(out, w)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = s.pool.Query(ctx, `SELECT worker_id, id FROM tasks WHERE state = 'running' ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing workers' tasks: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var wid string
+		var id int64
+		if err := rows.Scan(&wid, &id); err != nil {
+			return nil, err
+		}
+		if i, ok := idx[wid]; ok {
+			out[i].Tasks = append(out[i].Tasks, id)
+			out[i].Running++
+		}
+	}
+	return out, rows.Err()
+}
+
+// KindHasWorker reports whether a live worker handles kind.
+func (s *Store) KindHasWorker(ctx context.Context, kind string) (bool, error) {
+	var has bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM worker_kinds WHERE kind = $1)`, kind).Scan(&has)
+	return has, err
+}
+
+// Shortfall lists ready work no live worker has free slots for.
+func (s *Store) Shortfall(ctx context.Context) ([]store.Shortfall, error) {
+	rows, err := s.pool.Query(ctx, `SELECT t.queue, t.kind, count(*) FROM tasks t
+		WHERE t.state = 'ready' AND NOT EXISTS (
+			SELECT 1 FROM worker_kinds k JOIN workers w ON w.id = k.worker_id WHERE k.kind = t.kind AND w.free_slots > 0)
+		GROUP BY t.queue, t.kind ORDER BY t.queue COLLATE "C", t.kind COLLATE "C"`)
+	if err != nil {
+		return nil, fmt.Errorf("shortfall: %w", err)
+	}
+	defer rows.Close()
+	var out []store.Shortfall
+	for rows.Next() {
+		var sf store.Shortfall
+		if err := rows.Scan(&sf.Queue, &sf.Kind, &sf.Waiting); err != nil {
+			return nil, fmt.Errorf("shortfall: %w", err)
+		}
+		out = append(out, sf)
+	}
+	return out, rows.Err()
+}
+
+// claimSQL picks up to $3 ready tasks of the kinds $1 and leases them to
+// worker $4 in one statement: one index range of tasks_ready per kind
+// (LATERAL), each reading at most $3 rows whatever waits behind limits,
+// merged in claim order; FOR UPDATE SKIP LOCKED as a backstop (claims
+// already serialise on the env lock). The same statement advances the
+// environment's fair-queueing time and extends the worker's lease.
+const claimSQL = `WITH c AS (
+		SELECT x.id FROM unnest($1::text[]) AS k(kind)
+		CROSS JOIN LATERAL (
+			SELECT id, priority, rank FROM tasks
+			WHERE state = 'ready' AND kind = k.kind AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2)
+			ORDER BY priority DESC, rank, id LIMIT $3
+			FOR UPDATE SKIP LOCKED) x
+		ORDER BY x.priority DESC, x.rank, x.id LIMIT $3),
+	claimed AS (
+		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, worker_id = $4, started_at = $2,
+			timeout_at = CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END
+		FROM c WHERE t.id = c.id
+		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
+	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE id = 1),
+	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
+	SELECT id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM claimed`
+
+// Claim leases ready tasks to a worker; see store.Store. Three round trips
+// hold the env lock: BEGIN with the lock and the worker's row, the claim
+// statement, and the commit.
+func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+	var out []sluice.ClaimedTask
+	var (
+		found       bool
+		slots, held int
+		kinds       []string
+	)
+	worker := func(t *txn) {
+		t.queueQuery("claim", `SELECT w.slots, w.kinds, (SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = w.id)
+			FROM workers w WHERE w.id = $1`, []any{workerID}, func(rows pgx.Rows) error {
+			found = true
+			return rows.Scan(&slots, &kinds, &held)
+		})
+	}
+	err := s.run(ctx, worker, func(t *txn) error {
+		out = out[:0]
+		if !found {
+			return store.WorkerNotFound(workerID)
+		}
+		now := fromUS(t.now)
+		leaseUntil := now.Add(lease)
+		n := min(limit, slots-held)
+		if n <= 0 || len(kinds) == 0 {
+			t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), workerID)
+			return nil
+		}
+		type ranked struct {
+			c        sluice.ClaimedTask
+			priority int
+			rank     int64
+		}
+		var got []ranked
+		err := t.query("claim", claimSQL, []any{kinds, t.now, n, workerID, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil)},
+			func(rows pgx.Rows) error {
+				var r ranked
+				c := &r.c
+				var input []byte
+				var timeoutUS, created int64
+				if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
+					&r.priority, &r.rank); err != nil {
+					return err
+				}
+				c.Input = store.JSONOrNull(input)
+				c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+				c.CreatedAt = fromUS(created)
+				c.StartedAt = now
+				c.LeaseExpiresAt = leaseUntil.UTC()
+				got = append(got, r)
+				return nil
+			})
+		if err != nil {
+			return err
+		}
+		// RETURNING comes in no particular order: restore the claim order.
+		sort.Slice(got, func(i, j int) bool {
+			a, b := got[i], got[j]
+			return store.ClaimBefore(a.priority, a.rank, a.c.ID, b.priority, b.rank, b.c.ID)
+		})
+		for _, r := range got {
+			out = append(out, r.c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// completeSQL ends the successful attempts of a batch in one statement:
+// the tasks, their attempt records, and (joined) the sub-queue and queue
+// rows whose counters the transaction then releases.
+const completeSQL = `WITH r AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4::bytea[]) AS r(id, attempt, output)),
+	done AS (
+		UPDATE tasks t SET state = 'succeeded', output = r.output, error = '', finished_at = $1, worker_id = NULL, timeout_at = NULL
+		FROM r WHERE t.id = r.id AND t.state = 'running' AND t.worker_id = $5 AND t.attempt = r.attempt
+		RETURNING t.id, t.attempt, t.sq, t.queue, t.started_at),
+	rec AS (
+		INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error)
+		SELECT id, attempt, $5, started_at, $1, 'succeeded', '' FROM done)
+	SELECT d.id, d.attempt, ` + sqCols + `, ` + qCols + ` FROM done d JOIN subqueues s ON s.id = d.sq JOIN queues q ON q.name = d.queue`
+
+// Complete ends attempts reported by a worker; see store.Store. Successes
+// (almost every result) are one statement for the whole batch; failures
+// are read in the same round trip and ended one by one in memory, their
+// writes queued for the refill's round trip. A batch that reports one
+// attempt twice, or both succeeded and failed, acknowledges the first
+// success (else the first failure) "ok" and the rest "stale".
+func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
+	acks := make([]sluice.ResultAck, len(results))
+	o, err := s.write(ctx, func(t *txn) error {
+		type key struct {
+			id      int64
+			attempt int
+		}
+		okIdx := map[key]int{} // first success of each attempt → result index
+		var ids []int64
+		var attempts []int
+		var outputs [][]byte
+		var failIDs []int64
+		for i, r := range results {
+			acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+			if r.Error != "" {
+				failIDs = append(failIDs, r.TaskID)
+				continue
+			}
+			k := key{r.TaskID, r.Attempt}
+			if _, dup := okIdx[k]; dup {
+				continue
+			}
+			okIdx[k] = i
+			ids, attempts, outputs = append(ids, r.TaskID), append(attempts, r.Attempt), append(outputs, store.JSONOrNull(r.Output))
+		}
+		if len(ids) > 0 {
+			t.queueQuery("complete", completeSQL, []any{t.now, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
+				var k key
+				sq, q := &sqRow{}, &queueRow{}
+				if err := rows.Scan(append(append([]any{&k.id, &k.attempt}, sq.dest()...), q.dest()...)...); err != nil {
+					return err
+				}
+				t.release(t.useSQ(sq))
+				t.finish(t.useQueue(q))
+				acks[okIdx[k]].Status = "ok"
+				return nil
+			})
+		}
+		running := map[int64]*runningTask{}
+		if len(failIDs) > 0 {
+			// After the successes: a task both succeeded and failed in
+			// this batch is no longer running here.
+			rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, failIDs, workerID)
+			if err != nil {
+				return err
+			}
+			for _, rt := range rts {
+				running[rt.id] = rt
+			}
+		} else if err := t.send(); err != nil {
+			return err
+		}
+		for i, r := range results {
+			if r.Error == "" {
+				continue
+			}
+			rt := running[r.TaskID]
+			if rt == nil || rt.attempt != r.Attempt {
+				continue // stale
+			}
+			delete(running, r.TaskID) // ended: a second report is stale
+			t.endAttempt(rt, outcome{err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff})
+			acks[i].Status = "ok"
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	return acks, o, nil
+}
+
+// Heartbeat extends a worker's lease; see store.Store.
+func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error) {
+	err = s.run(ctx, nil, func(t *txn) error {
+		lost, cancel = nil, nil
+		now := fromUS(t.now)
+		var updated bool
+		t.b.Queue(`UPDATE workers SET lease_expires_at = $1, last_heartbeat_at = $2, free_slots = $3,
+			memory_used_ratio = $4, p99_latency_us = $5 WHERE id = $6`,
+			us(now.Add(lease)), t.now, p.FreeSlots, p.MemoryUsedRatio, p.P99Latency.D().Microseconds(), workerID).Exec(func(ct pgconn.CommandTag) error {
+			updated = ct.RowsAffected() > 0
+			return nil
+		})
+		owned := map[int64]bool{}
+		err := t.query("heartbeat", `SELECT id, cancel_requested FROM tasks WHERE state = 'running' AND worker_id = $1`, []any{workerID},
+			func(rows pgx.Rows) error {
+				var id int64
+				var cr bool
+				if err := rows.Scan(&id, &cr); err != nil {
+					return err
+				}
+				owned[id] = true
+				if cr {
+					cancel = append(cancel, id)
+				}
+				return nil
+			})
+		if err != nil {
+			return err
+		}
+		if !updated {
+			return store.WorkerNotFound(workerID)
+		}
+		for _, id := range p.Held {
+			if !owned[id] {
+				lost = append(lost, id)
+			}
+		}
+		return nil
+	})
+	return lost, cancel, err
+}
+
+// Release hands claimed tasks back unstarted: they keep their slots and
+// are ready again (or paused, giving the slot back, if their queue was
+// paused meanwhile), and the attempt is not counted.
+func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		rts, err := t.selectRunning("release", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, ids, workerID)
+		if err != nil {
+			return err
+		}
+		if len(rts) == 0 {
+			return nil // not ours any more: nothing to release
+		}
+		back, states := make([]int64, len(rts)), make([]string, len(rts))
+		paused := make([]*string, len(rts))
+		for i, rt := range rts {
+			state := sluice.StateReady
+			if rt.q.paused {
+				t.release(rt.sq)
+				state = sluice.StatePaused
+			} else {
+				t.readied++
+			}
+			back[i], states[i], paused[i] = rt.id, string(state), pausedFrom(state)
+		}
+		t.exec("release", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, attempt = t.attempt - 1, worker_id = NULL, timeout_at = NULL,
+				started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END
+			FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, state, paused_from) WHERE t.id = v.id`, back, states, paused)
+		return nil
+	})
+}
+
+// DeregisterWorker removes a worker; see store.Store.
+func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff store.Backoff) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		var deleted bool
+		t.b.Queue(`DELETE FROM workers WHERE id = $1`, workerID).Exec(func(ct pgconn.CommandTag) error {
+			deleted = ct.RowsAffected() > 0
+			return nil
+		})
+		if err := t.dropWorkers([]string{workerID}, func(string) string { return store.DeregisteredReason }); err != nil {
+			return err
+		}
+		if !deleted {
+			return store.WorkerNotFound(workerID)
+		}
+		return nil
+	})
+}
+
+// dropWorkers ends the attempts gone workers still hold; each goes back to
+// the flow at once (no backoff), counted as an attempt. One read for all
+// the workers.
+func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
+	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
+	held, err := t.selectRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1) ORDER BY t.id`, workerIDs)
+	if err != nil {
+		return err
+	}
+	for _, rt := range held {
+		t.endAttempt(rt, outcome{err: reason(rt.workerID), retryAfter: -1})
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+package store
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// Backend-neutral rules and messages shared by the stores, so that the
+// SQLite and PostgreSQL stores word errors alike and end attempts by the
+// same rule. Only pure Go lives here: the SQL stays in each backend.
+
+// AdmissionRetryAfter is the Retry-After of a trigger rejected by an
+// admission ceiling (S-FC6).
+const AdmissionRetryAfter = time.Second
+
+// EnvAdmissionError rejects a trigger over the environment's max_active.
+func EnvAdmissionError(maxActive int, active int64) error {
+	return &sluice.AdmissionError{
+		Ceiling:    fmt.Sprintf("environment max_active %d (%d active)", maxActive, active),
+		RetryAfter: AdmissionRetryAfter,
+	}
+}
+
+// QueueAdmissionError rejects a trigger over a queue's max_backlog.
+func QueueAdmissionError(queue string, maxBacklog, active int64) error {
+	return &sluice.AdmissionError{
+		Ceiling:    fmt.Sprintf("queue %q max_backlog %d (%d active)", queue, maxBacklog, active),
+		RetryAfter: AdmissionRetryAfter,
+	}
+}
+
+// WorkerNotFound is the error for a worker id the store does not know.
+func WorkerNotFound(id string) error {
+	return sluice.NotFound("worker %q is not registered (its lease may have expired): register again", id)
+}
+
+// Reasons an attempt ended without the worker reporting it.
+const DeregisteredReason = "worker deregistered while running the task"
+
+// LeaseExpiredReason ends the attempts of a worker whose lease expired.
+func LeaseExpiredReason(workerID string) string {
+	return fmt.Sprintf("lease expired: worker %s stopped heartbeating", workerID)
+}
+
+// TimeoutReason ends an attempt that ran past its timeout (S-LC3).
+func TimeoutReason(timeout time.Duration) string {
+	return fmt.Sprintf("timeout: attempt exceeded %s", timeout)
+}
+
+// DeadlineReason fails a task not started by its dispatch deadline
+// (S-LC4); deadline is the task's deadline measured from its creation.
+func DeadlineReason(deadline time.Duration, attempt int, state sluice.TaskState, queue string) string {
+	if attempt > 0 {
+		return fmt.Sprintf("capacity: not restarted within its dispatch deadline of %s after %d attempt(s) (was %s in queue %q)",
+			deadline, attempt, state, queue)
+	}
+	return fmt.Sprintf("capacity: not started within its dispatch deadline of %s (was %s in queue %q)", deadline, state, queue)
+}
+
+// AttemptEnd is the rule that ends an attempt: the state the task moves
+// to (scheduled means "retry": the store then picks scheduled or queued
+// from the delay) and the state recorded for the attempt.
+func AttemptEnd(ok, cancelRequested, noRetry bool, attempt, maxAttempts int) (task, rec sluice.TaskState) {
+	switch {
+	case ok:
+		return sluice.StateSucceeded, sluice.StateSucceeded
+	case cancelRequested:
+		return sluice.StateCancelled, sluice.StateCancelled
+	case noRetry || attempt >= maxAttempts:
+		return sluice.StateFailed, sluice.StateFailed
+	default:
+		return sluice.StateScheduled, sluice.StateFailed
+	}
+}
+
+// RetryDelay is the delay before a retry: retryAfter when the worker asked
+// for one (< 0 means at once), else the backoff of the attempt.
+func RetryDelay(retryAfter time.Duration, backoff Backoff, attempt int) time.Duration {
+	if retryAfter == 0 && backoff != nil {
+		return backoff(attempt)
+	}
+	return retryAfter
+}
+
+// ClaimBefore orders ready tasks for a claim: best priority, then lowest
+// fair-queueing rank, then oldest.
+func ClaimBefore(aPriority int, aRank, aID int64, bPriority int, bRank, bID int64) bool {
+	if aPriority != bPriority {
+		return aPriority > bPriority
+	}
+	if aRank != bRank {
+		return aRank < bRank
+	}
+	return aID < bID
+}
+
+// JSONOrNull returns b, or JSON null when b is empty.
+func JSONOrNull(b []byte) []byte {
+	if len(b) == 0 {
+		return []byte("null")
+	}
+	return b
+}
