@@ -11,6 +11,13 @@ import (
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
+// The background queries below name their partial index (INDEXED BY):
+// without statistics SQLite prefers an equality lookup on tasks_state,
+// which reads every task in that state — a million blocked tasks made each
+// deadline sweep take hundreds of milliseconds with the write lock held
+// (docs/benchmarks.md, (d)). INDEXED BY also fails loudly, at prepare, if
+// the index ever stops matching the query.
+
 // PromoteDue moves scheduled tasks whose time has come into their
 // sub-queues; see store.Store.
 func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, store.Outcome, error) {
@@ -18,7 +25,7 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 	var next time.Time
 	o, err := s.write(ctx, func(t *txn) error {
 		n, next = 0, time.Time{}
-		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue FROM tasks WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue FROM tasks INDEXED BY tasks_due WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("promoting due tasks: %w", err)
 		}
@@ -59,7 +66,7 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		}
 		n = len(list)
 		var nextUS sql.NullInt64
-		if err := t.tx.QueryRowContext(ctx, `SELECT min(run_at) FROM tasks WHERE state = 'scheduled'`).Scan(&nextUS); err != nil {
+		if err := t.tx.QueryRowContext(ctx, `SELECT min(run_at) FROM tasks INDEXED BY tasks_due WHERE state = 'scheduled'`).Scan(&nextUS); err != nil {
 			return err
 		}
 		if nextUS.Valid {
@@ -102,7 +109,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			}
 			n++
 		}
-		rows, err = t.tx.QueryContext(ctx, `SELECT `+runningCols+`, timeout_us FROM tasks WHERE state = 'running' AND timeout_at IS NOT NULL AND timeout_at < ? LIMIT ?`, t.now, limit)
+		rows, err = t.tx.QueryContext(ctx, `SELECT `+runningCols+`, timeout_us FROM tasks INDEXED BY tasks_timeout WHERE state = 'running' AND timeout_at IS NOT NULL AND timeout_at < ? LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("sweeping timeouts: %w", err)
 		}
@@ -141,7 +148,7 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 	var n int
 	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
-		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt FROM tasks
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt FROM tasks INDEXED BY tasks_deadline
 			WHERE dispatch_deadline_at IS NOT NULL AND state IN ('scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= ?
 			ORDER BY dispatch_deadline_at LIMIT ?`, t.now, limit)
 		if err != nil {
@@ -187,7 +194,7 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int) (int, error) {
 	var n int
 	err := s.tx(ctx, func(tx *wtx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT id FROM tasks WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?
+		rows, err := tx.QueryContext(ctx, `SELECT id FROM tasks INDEXED BY tasks_finished WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?
 			ORDER BY finished_at LIMIT ?`, us(before), limit)
 		if err != nil {
 			return fmt.Errorf("retention: %w", err)

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-dev/sluice/internal/bench"
+)
+
+func init() {
+	registerCommand(func(a *app) *cobra.Command { return a.newBenchCmd() })
+	// A worker process started by `sluice bench --cpuprofile` profiles
+	// itself; nothing happens unless the bench set the variable.
+	if path := os.Getenv(bench.WorkerProfileEnv); path != "" {
+		profileUntilSIGUSR1(path)
+	}
+}
+
+type benchFlags struct {
+	tasks, slots, claimBatch, enqueueBatch int
+	limit, keys                            int
+	rate                                   int
+	duration, timeout                      time.Duration
+	blocked                                []int
+	claims, claimMax                       int
+	bulk                                   string
+	only                                   []string
+	quick, inProcess                       bool
+	out, output, dir, cpuprofile           string
+	dropIndexes                            []string
+}
+
+func (a *app) newBenchCmd() *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure throughput and latency on SQLite (see docs/benchmarks.md)",
+		Long: `Measure sluice on SQLite, each scenario on its own server started in this
+process (127.0.0.1:0, a fresh database in a temporary directory):
+
+  a  no-op tasks/s: --tasks pre-enqueued (Engine.TriggerMany), then one worker
+     process (sluice worker --slots --claim-batch --kinds echo) over HTTP
+  b  the same under a queue concurrency limit (--limit, unkeyed), and with
+     tasks spread over --keys concurrency keys of limit 1; each as % of (a)
+  c  pick-up latency (created → started) at a steady --rate of tasks
+     triggered one by one over HTTP for --duration, idle worker waiting
+  d  claim latency (Engine.Claim of 10, no wait) of an unbounded queue while
+     each --blocked count of tasks waits behind a full concurrency key
+
+Throughput is tasks over the time from the first task's start to the last
+one's finish, read from the database. Progress goes to stderr, results to
+stdout (a Markdown table, or JSON with -o json); --out writes them into the
+results section of a Markdown file such as docs/benchmarks.md.`,
+		Example: `  sluice bench --quick
+  sluice bench --out docs/benchmarks.md
+  sluice bench --only a,b --tasks 50000 --claim-batch 500
+  sluice bench --only d --blocked 10000,1000000 -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			cfg.Progress = a.stderr
+			if !f.inProcess {
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("finding the sluice binary for the worker process: %w", err)
+				}
+				cfg.Worker = bench.Process(exe)
+			}
+			logger, err := a.newLogger("warn")
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			ctx, stop := a.withSignals(cmd.Context(), logger)
+			defer stop()
+			res, runErr := bench.Run(ctx, cfg)
+			if res == nil {
+				return runErr
+			}
+			if f.output == "json" {
+				if err := a.printJSON(res); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintln(a.stdout, res.Markdown(benchCommandLine(cmd.Flags())))
+			}
+			if runErr != nil {
+				return runErr
+			}
+			if f.out != "" {
+				if err := bench.UpdateDoc(f.out, res.Markdown(benchCommandLine(cmd.Flags()))); err != nil {
+					return fmt.Errorf("--out: %w", err)
+				}
+				fmt.Fprintf(a.stderr, "bench: results written to %s\n", f.out)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&f.tasks, "tasks", bench.DefaultTasks, "tasks per throughput scenario (a, b)")
+	fs.IntVar(&f.slots, "slots", bench.DefaultSlots, "slots of the worker")
+	fs.IntVar(&f.claimBatch, "claim-batch", bench.DefaultClaimBatch, "most tasks the worker asks for in one claim")
+	fs.IntVar(&f.enqueueBatch, "enqueue-batch", bench.DefaultEnqueueBatch, "tasks per Engine.TriggerMany call when pre-enqueueing")
+	fs.IntVar(&f.limit, "limit", bench.DefaultLimit, "queue concurrency limit of (b)")
+	fs.IntVar(&f.keys, "keys", bench.DefaultKeys, "concurrency keys (limit 1 each) of (b)")
+	fs.IntVar(&f.rate, "rate", bench.DefaultRate, "trigger rate of (c), tasks per second")
+	fs.DurationVar(&f.duration, "duration", bench.DefaultDuration, "how long (c) triggers")
+	fs.IntSliceVar(&f.blocked, "blocked", bench.DefaultBlocked, "blocked backlog sizes of (d), comma-separated")
+	fs.IntVar(&f.claims, "claims", bench.DefaultClaims, "claims timed per backlog size in (d)")
+	fs.IntVar(&f.claimMax, "claim-max", bench.DefaultClaimMax, "tasks per timed claim in (d)")
+	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
+	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d")
+	fs.BoolVar(&f.quick, "quick", false, "CI-sized defaults: --tasks 20000 --duration 5s --blocked 10000,100000 --claims 1000 (flags given win)")
+	fs.BoolVar(&f.inProcess, "in-process", false, "run the worker in this process (over HTTP) instead of as a sluice worker process")
+	fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "bound on each scenario")
+	fs.StringVar(&f.out, "out", "", "Markdown file whose results section to write, e.g. docs/benchmarks.md")
+	fs.StringVarP(&f.output, "output", "o", "table", "output format: table (Markdown) or json")
+	fs.StringVar(&f.dir, "dir", "", "directory for the temporary databases (default the system's)")
+	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write CPU profiles of each throughput scenario to PREFIX-SCENARIO-{server,worker}.pprof")
+	_ = fs.MarkHidden("cpuprofile")
+	fs.StringSliceVar(&f.dropIndexes, "drop-index", nil, "experiment: drop these indexes from each scenario's database to measure their cost")
+	_ = fs.MarkHidden("drop-index")
+	return cmd
+}
+
+// config maps the flags onto a bench.Config.
+func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
+	if f.output != "table" && f.output != "json" {
+		return bench.Config{}, usagef("--output: want table or json, got %q", f.output)
+	}
+	if f.quick {
+		if !fs.Changed("tasks") {
+			f.tasks = 20000
+		}
+		if !fs.Changed("duration") {
+			f.duration = 5 * time.Second
+		}
+		if !fs.Changed("blocked") {
+			f.blocked = slices.Clone(bench.QuickBlocked)
+		}
+		if !fs.Changed("claims") {
+			f.claims = 1000
+		}
+	}
+	var mode bench.BulkMode
+	switch f.bulk {
+	case "auto":
+		mode = bench.BulkAuto
+	case "trigger":
+		mode = bench.BulkTrigger
+	case "sql":
+		mode = bench.BulkSQL
+	default:
+		return bench.Config{}, usagef("--bulk: want auto, trigger or sql, got %q", f.bulk)
+	}
+	only := make([]string, 0, len(f.only))
+	for _, s := range f.only {
+		if s = strings.TrimSpace(s); s != "" {
+			only = append(only, s)
+		}
+	}
+	cfg := bench.Config{
+		Tasks: f.tasks, Slots: f.slots, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
+		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
+		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
+		Only: only, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
+	}
+	// Zero would mean "default" to bench.Config: reject it here.
+	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
+		"limit": f.limit, "keys": f.keys, "rate": f.rate, "claims": f.claims, "claim-max": f.claimMax} {
+		if v < 1 {
+			return bench.Config{}, usagef("--%s: must be at least 1, got %d", name, v)
+		}
+	}
+	if f.duration <= 0 || f.timeout <= 0 {
+		return bench.Config{}, usagef("--duration and --timeout: must be > 0")
+	}
+	if len(only) == 0 {
+		return bench.Config{}, usagef("--only: name at least one of a,b,c,d")
+	}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		return bench.Config{}, usagef("%v", err)
+	}
+	return cfg, nil
+}
+
+// benchCommandLine is the command that reproduces the run (the flags
+// given, less where the output went).
+func benchCommandLine(fs *pflag.FlagSet) string {
+	parts := []string{"sluice bench"}
+	fs.Visit(func(fl *pflag.Flag) {
+		switch fl.Name {
+		case "out", "output", "dir", "cpuprofile":
+			return
+		}
+		if fl.Value.Type() == "bool" {
+			parts = append(parts, "--"+fl.Name)
+			return
+		}
+		v := fl.Value.String()
+		if sv, ok := fl.Value.(pflag.SliceValue); ok {
+			v = strings.Join(sv.GetSlice(), ",")
+		}
+		parts = append(parts, "--"+fl.Name+" "+v)
+	})
+	return strings.Join(parts, " ")
+}
+
+// profileUntilSIGUSR1 writes a CPU profile of this process to path until
+// SIGUSR1, then creates path.done so the bench knows it is complete.
+func profileUntilSIGUSR1(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench worker profile: %v\n", err)
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "bench worker profile: %v\n", err)
+		f.Close()
+		return
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	go func() {
+		<-ch
+		pprof.StopCPUProfile()
+		f.Close()
+		_ = os.WriteFile(path+".done", nil, 0o644)
+	}()
+}

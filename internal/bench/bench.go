@@ -1,0 +1,315 @@
+// Package bench measures sluice end to end on SQLite: no-op throughput
+// unbounded, under a queue limit and under per-key limits; pick-up latency
+// at a steady trigger rate; and claim latency with a large backlog blocked
+// behind a full concurrency key. `sluice bench` and the Benchmark*
+// functions of this package drive it; docs/benchmarks.md describes the
+// method and holds the results.
+//
+// Every scenario starts its own server in-process (127.0.0.1:0, a fresh
+// SQLite file in a temporary directory) and talks to it as a worker would:
+// over HTTP. Times are read back from the tasks' rows, so the numbers are
+// what the server recorded, not what the harness guessed.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Scenario names, as --only takes them.
+const (
+	ScenarioNoop    = "a" // (a) unbounded queue
+	ScenarioLimited = "b" // (b) queue limit, and per-key limits
+	ScenarioLatency = "c" // (c) pick-up latency at a steady rate
+	ScenarioClaim   = "d" // (d) claim latency behind a blocked backlog
+)
+
+// AllScenarios lists the scenarios in the order Run runs them.
+var AllScenarios = []string{ScenarioNoop, ScenarioLimited, ScenarioLatency, ScenarioClaim}
+
+// Config configures a run. Zero fields take the documented defaults.
+type Config struct {
+	// Tasks per throughput scenario, (a) and (b). Defaults to 100000.
+	Tasks int
+	// Slots of the worker. Defaults to 1000.
+	Slots int
+	// ClaimBatch is the worker's most tasks per claim. Defaults to
+	// DefaultClaimBatch.
+	ClaimBatch int
+	// EnqueueBatch is how many tasks one Engine.TriggerMany call creates when
+	// pre-enqueueing. Defaults to 1000.
+	EnqueueBatch int
+	// Limit is the queue concurrency limit of (b). Defaults to 100.
+	Limit int
+	// Keys is the number of concurrency keys (limit 1 each) of (b).
+	// Defaults to 1000.
+	Keys int
+	// Rate is the trigger rate of (c), tasks per second. Defaults to 500.
+	Rate int
+	// Duration of the trigger phase of (c). Defaults to 10s.
+	Duration time.Duration
+	// Blocked lists the backlog sizes of (d). Defaults to 10000 and
+	// 1000000.
+	Blocked []int
+	// Claims is how many claims (d) times per backlog size. Defaults to
+	// 2000.
+	Claims int
+	// ClaimMax is the Max of each timed claim of (d). Defaults to 10.
+	ClaimMax int
+	// Bulk is how (d) writes its blocked backlog: TriggerMany calls or
+	// one SQL statement. BulkAuto (the zero value) uses SQL above 100000
+	// tasks.
+	Bulk BulkMode
+	// Only restricts the run to these scenarios. Empty means all.
+	Only []string
+	// Dir is where temporary databases go. Defaults to os.TempDir().
+	Dir string
+	// Worker starts the worker of scenarios (a) to (c). Defaults to
+	// InProcess: a sluice.Worker in this process, over HTTP.
+	Worker WorkerStarter
+	// Timeout bounds each scenario. Defaults to 15 minutes.
+	Timeout time.Duration
+	// CPUProfile, when set, is a path prefix: the measured phase of each
+	// throughput scenario writes PREFIX-SCENARIO-server.pprof, and a
+	// worker process PREFIX-SCENARIO-worker.pprof.
+	CPUProfile string
+	// DropIndexes names indexes to drop from each scenario's fresh
+	// database before it runs: an experiment to measure what maintaining
+	// them costs. Results then say so.
+	DropIndexes []string
+	// Progress receives one line per step. Defaults to io.Discard.
+	Progress io.Writer
+	// Logger receives the server's and the in-process worker's logs.
+	// Defaults to warnings and errors on Progress.
+	Logger *slog.Logger
+
+	// measuring, when set, is called with true as the measured phase of a
+	// throughput scenario starts and false as it ends (the Benchmark*
+	// functions time only that phase).
+	measuring func(on bool)
+}
+
+// BulkMode chooses how (d) writes its blocked backlog.
+type BulkMode int
+
+// Bulk modes.
+const (
+	BulkAuto    BulkMode = iota // SQL above bulkAutoThreshold tasks
+	BulkTrigger                 // Engine.TriggerMany calls
+	BulkSQL                     // one INSERT … SELECT into the SQLite file
+)
+
+const bulkAutoThreshold = 100000
+
+func (m BulkMode) String() string {
+	switch m {
+	case BulkTrigger:
+		return "trigger"
+	case BulkSQL:
+		return "sql"
+	}
+	return "auto"
+}
+
+// Defaults of Config.
+const (
+	DefaultTasks        = 100000
+	DefaultSlots        = 1000
+	DefaultClaimBatch   = 1000
+	DefaultEnqueueBatch = 1000
+	DefaultLimit        = 100
+	DefaultKeys         = 1000
+	DefaultRate         = 500
+	DefaultDuration     = 10 * time.Second
+	DefaultClaims       = 2000
+	DefaultClaimMax     = 10
+	DefaultTimeout      = 15 * time.Minute
+)
+
+// DefaultBlocked and QuickBlocked are the backlog sizes of (d).
+var (
+	DefaultBlocked = []int{10000, 1000000}
+	QuickBlocked   = []int{10000, 100000}
+)
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.Tasks, DefaultTasks)
+	def(&c.Slots, DefaultSlots)
+	def(&c.ClaimBatch, DefaultClaimBatch)
+	def(&c.EnqueueBatch, DefaultEnqueueBatch)
+	def(&c.Limit, DefaultLimit)
+	def(&c.Keys, DefaultKeys)
+	def(&c.Rate, DefaultRate)
+	def(&c.Claims, DefaultClaims)
+	def(&c.ClaimMax, DefaultClaimMax)
+	if c.Duration == 0 {
+		c.Duration = DefaultDuration
+	}
+	if len(c.Blocked) == 0 {
+		c.Blocked = slices.Clone(DefaultBlocked)
+	}
+	if len(c.Only) == 0 {
+		c.Only = slices.Clone(AllScenarios)
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(c.Progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if c.Worker == nil {
+		c.Worker = InProcess(c.Logger)
+	}
+	return c
+}
+
+// Validate names the first bad field (after WithDefaults).
+func (c Config) Validate() error {
+	switch {
+	case c.Tasks < 1:
+		return fmt.Errorf("tasks: must be ≥ 1, got %d", c.Tasks)
+	case c.Slots < 1 || c.Slots > 100000:
+		return fmt.Errorf("slots: must be between 1 and 100000, got %d", c.Slots)
+	case c.ClaimBatch < 1 || c.ClaimBatch > 10000:
+		return fmt.Errorf("claim-batch: must be between 1 and 10000, got %d", c.ClaimBatch)
+	case c.EnqueueBatch < 1:
+		return fmt.Errorf("enqueue-batch: must be ≥ 1, got %d", c.EnqueueBatch)
+	case c.Limit < 1:
+		return fmt.Errorf("limit: must be ≥ 1, got %d", c.Limit)
+	case c.Keys < 1:
+		return fmt.Errorf("keys: must be ≥ 1, got %d", c.Keys)
+	case c.Rate < 1 || c.Rate > 100000:
+		return fmt.Errorf("rate: must be between 1 and 100000, got %d", c.Rate)
+	case c.Duration <= 0:
+		return fmt.Errorf("duration: must be > 0, got %s", c.Duration)
+	case c.Claims < 1:
+		return fmt.Errorf("claims: must be ≥ 1, got %d", c.Claims)
+	case c.ClaimMax < 1 || c.ClaimMax > 10000:
+		return fmt.Errorf("claim-max: must be between 1 and 10000, got %d", c.ClaimMax)
+	case c.Timeout <= 0:
+		return fmt.Errorf("timeout: must be > 0, got %s", c.Timeout)
+	}
+	for _, n := range c.Blocked {
+		if n < 1 {
+			return fmt.Errorf("blocked: sizes must be ≥ 1, got %d", n)
+		}
+	}
+	for _, s := range c.Only {
+		if !slices.Contains(AllScenarios, s) {
+			return fmt.Errorf("only: unknown scenario %q (want a comma-separated subset of %s)", s, strings.Join(AllScenarios, ","))
+		}
+	}
+	return nil
+}
+
+func (c *Config) progress(format string, args ...any) {
+	fmt.Fprintf(c.Progress, "bench: "+format+"\n", args...)
+}
+
+// Results of a run. Absent scenarios are nil or empty.
+type Results struct {
+	Date    time.Time `json:"date"`
+	Machine Machine   `json:"machine"`
+	// LoadStart and LoadEnd are the 1-minute load average when the run
+	// started and ended (-1 where unknown): how busy the machine was.
+	LoadStart float64 `json:"load_start"`
+	LoadEnd   float64 `json:"load_end"`
+	Worker    string  `json:"worker"`
+	// Settings of the run that shape the numbers.
+	Slots      int `json:"slots"`
+	ClaimBatch int `json:"claim_batch"`
+	// DroppedIndexes is Config.DropIndexes: not the shipped schema.
+	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
+
+	Throughput []*ThroughputResult `json:"throughput,omitempty"`
+	Latency    *LatencyResult      `json:"latency,omitempty"`
+	Claim      []*ClaimResult      `json:"claim,omitempty"`
+	// ClaimP50Ratio and ClaimP99Ratio compare the largest backlog of (d)
+	// to the smallest (1 = flat).
+	ClaimP50Ratio float64 `json:"claim_p50_ratio,omitempty"`
+	ClaimP99Ratio float64 `json:"claim_p99_ratio,omitempty"`
+}
+
+// Run runs the scenarios of cfg.Only in order and returns what they
+// measured. A scenario that fails stops the run; the results so far are
+// returned with the error.
+func Run(ctx context.Context, cfg Config) (*Results, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	res := &Results{
+		Date: time.Now().UTC(), Machine: DescribeMachine(), LoadStart: loadAvg(), LoadEnd: -1,
+		Worker: cfg.Worker.String(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, DroppedIndexes: cfg.DropIndexes,
+	}
+	defer func() { res.LoadEnd = loadAvg() }()
+	want := func(s string) bool { return slices.Contains(cfg.Only, s) }
+	var noop *ThroughputResult
+	if want(ScenarioNoop) {
+		r, err := RunThroughput(ctx, cfg, Noop)
+		if err != nil {
+			return res, fmt.Errorf("(a) no-op throughput: %w", err)
+		}
+		noop = r
+		res.Throughput = append(res.Throughput, r)
+	}
+	if want(ScenarioLimited) {
+		for _, sc := range []Shape{Limited, Keyed} {
+			r, err := RunThroughput(ctx, cfg, sc)
+			if err != nil {
+				return res, fmt.Errorf("(b) %s throughput: %w", sc, err)
+			}
+			if noop != nil && noop.TasksPerSec > 0 {
+				r.PercentOfNoop = 100 * r.TasksPerSec / noop.TasksPerSec
+			}
+			res.Throughput = append(res.Throughput, r)
+		}
+	}
+	if want(ScenarioLatency) {
+		r, err := RunLatency(ctx, cfg)
+		if err != nil {
+			return res, fmt.Errorf("(c) pick-up latency: %w", err)
+		}
+		res.Latency = r
+	}
+	if want(ScenarioClaim) {
+		for _, n := range cfg.Blocked {
+			r, err := RunClaimBlocked(ctx, cfg, n)
+			if err != nil {
+				return res, fmt.Errorf("(d) claim latency with %d blocked: %w", n, err)
+			}
+			res.Claim = append(res.Claim, r)
+		}
+		if len(res.Claim) > 1 {
+			first, last := res.Claim[0], res.Claim[len(res.Claim)-1]
+			res.ClaimP50Ratio = ratio(last.P50, first.P50)
+			res.ClaimP99Ratio = ratio(last.P99, first.P99)
+		}
+	}
+	return res, nil
+}
+
+func ratio(a, b Millis) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// errTimeout reports a scenario that did not finish in Config.Timeout.
+var errTimeout = errors.New("timed out")

@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/kinds"
+)
+
+// WorkerSpec is the worker a scenario needs.
+type WorkerSpec struct {
+	URL        string
+	Slots      int
+	ClaimBatch int
+	// CPUProfile, when set and the worker is a process, is where it
+	// writes its CPU profile.
+	CPUProfile string
+}
+
+// StopFunc stops a worker; see WorkerStarter.
+type StopFunc func() (cpu time.Duration, err error)
+
+// A WorkerStarter starts the worker of a scenario: one worker that
+// handles the echo kind and talks to the server over HTTP.
+type WorkerStarter interface {
+	// Start starts a worker; stop shuts it down gracefully, waits, and
+	// returns the CPU time the worker used when it is a process (0 when
+	// it shares this process).
+	Start(ctx context.Context, spec WorkerSpec) (stop StopFunc, err error)
+	// String describes the worker for the report.
+	String() string
+}
+
+// InProcess runs a sluice.Worker in this process, over HTTP. It shares
+// the two cores' scheduler with the server, as a process would, but not
+// its garbage collector's pauses.
+func InProcess(logger *slog.Logger) WorkerStarter { return inProcess{logger} }
+
+type inProcess struct{ log *slog.Logger }
+
+func (inProcess) String() string { return "in-process sluice.Worker over HTTP" }
+
+func (w inProcess) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
+	wk := sluice.NewWorker(sluice.NewClient(spec.URL), sluice.WorkerConfig{
+		Name: "bench", Slots: spec.Slots, ClaimBatch: spec.ClaimBatch, ShutdownTimeout: 10 * time.Second, Logger: w.log,
+	})
+	wk.Register("echo", kinds.Builtins(kinds.Options{})["echo"])
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- wk.Run(wctx) }()
+	return func() (time.Duration, error) {
+		cancel()
+		select {
+		case err := <-done:
+			return 0, err
+		case <-time.After(30 * time.Second):
+			return 0, errors.New("in-process worker did not stop in 30s")
+		}
+	}, nil
+}
+
+// WorkerProfileEnv names the environment variable that makes a `sluice`
+// process started by Process write a CPU profile (see cmd/sluice/bench.go).
+// The profile stops on SIGUSR1, after which the process creates
+// PATH.done.
+const WorkerProfileEnv = "SLUICE_BENCH_WORKER_CPUPROFILE"
+
+// Process runs `exe worker --server URL --slots N --kinds echo
+// --claim-batch N` as a child process: exe is a sluice binary (usually
+// os.Executable() of `sluice bench`). Its output is kept and shown if it
+// fails.
+func Process(exe string) WorkerStarter { return process{exe} }
+
+type process struct{ exe string }
+
+func (p process) String() string { return "separate process: sluice worker over HTTP" }
+
+func (p process) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
+	cmd := exec.Command(p.exe, "worker", "--server", spec.URL, "--slots", strconv.Itoa(spec.Slots),
+		"--kinds", "echo", "--claim-batch", strconv.Itoa(spec.ClaimBatch), "--log-level", "warn", "--name", "bench")
+	// The worker takes SLUICE_* variables as flag defaults: keep the
+	// parent's out of it.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SLUICE_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	if spec.CPUProfile != "" {
+		cmd.Env = append(cmd.Env, WorkerProfileEnv+"="+spec.CPUProfile)
+	}
+	out := &tailBuffer{max: 16 << 10}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting worker process: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// A worker that exits at once (bad flag, server unreachable) is an
+	// error now rather than a timeout later.
+	select {
+	case err := <-exited:
+		return nil, fmt.Errorf("worker process exited at start (%v): %s", err, out.String())
+	case <-time.After(100 * time.Millisecond):
+	}
+	return func() (time.Duration, error) {
+		if spec.CPUProfile != "" {
+			if err := cmd.Process.Signal(syscall.SIGUSR1); err == nil {
+				waitFile(spec.CPUProfile+".done", 10*time.Second)
+			}
+		}
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case err := <-exited:
+			if err != nil {
+				return 0, fmt.Errorf("worker process: %v: %s", err, out.String())
+			}
+			return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			return 0, fmt.Errorf("worker process did not stop in 30s; killed: %s", out.String())
+		}
+	}, nil
+}
+
+// waitFile waits up to d for path to exist.
+func waitFile(path string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	max int
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if over := b.buf.Len() - b.max; over > 0 {
+		b.buf.Next(over)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.TrimSpace(b.buf.String())
+}
