@@ -190,8 +190,9 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 	if len(only) == 0 {
 		return bench.Config{}, usagef("--only: name at least one of a,b,c,d")
 	}
+	// bench.Config.Validate names the bad field as its flag, without dashes.
 	if err := cfg.WithDefaults().Validate(); err != nil {
-		return bench.Config{}, usagef("%v", err)
+		return bench.Config{}, usagef("--%v", err)
 	}
 	return cfg, nil
 }

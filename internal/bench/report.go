@@ -148,10 +148,15 @@ func (r *Results) Markdown(command string) string {
 
 	if len(r.Throughput) > 0 {
 		p("\nThroughput details (times as the server recorded them):\n\n")
-		p("| Scenario | Tasks | Enqueue (Engine.TriggerMany) | First start → last finish | Tasks/s | Wall (worker start → drained) | Max running / holding a slot (per key), sampled |\n|---|---|---|---|---|---|---|\n")
+		p("| Scenario | Tasks | Enqueue (Engine.TriggerMany) | First start → last finish | Tasks/s | Wall (worker start → drained) | CPU µs/task server / worker | Tasks per claim / complete | Max running / holding a slot (per key), sampled |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, t := range r.Throughput {
-			p("| %s | %s | %.2f s (%s/s) | %.2f s | %s | %.2f s | %d / %d (%d) |\n", t.Label, thousands(float64(t.Tasks)),
-				t.EnqueueSeconds, thousands(t.EnqueuePerSec), t.Seconds, thousands(t.TasksPerSec), t.WallSeconds, t.MaxRunning, t.MaxHeld, t.MaxHeldPerKey)
+			held := fmt.Sprintf("%d / %d (%d)", t.MaxRunning, t.MaxHeld, t.MaxHeldPerKey)
+			if t.Shape == Noop {
+				held = fmt.Sprintf("%d / — (—)", t.MaxRunning) // not sampled: every waiting task is ready
+			}
+			p("| %s | %s | %.2f s (%s/s) | %.2f s | %s | %.2f s | %.0f / %.0f | %.0f / %.0f | %s |\n", t.Label, thousands(float64(t.Tasks)),
+				t.EnqueueSeconds, thousands(t.EnqueuePerSec), t.Seconds, thousands(t.TasksPerSec), t.WallSeconds,
+				t.ServerCPUPerTask, t.WorkerCPUPerTask, perBatch(t.Tasks, t.Claims), perBatch(t.Tasks, t.Completes), held)
 		}
 	}
 	if l := r.Latency; l != nil {
@@ -168,6 +173,13 @@ func (r *Results) Markdown(command string) string {
 		}
 	}
 	return b.String()
+}
+
+func perBatch(tasks, batches int) float64 {
+	if batches == 0 {
+		return 0
+	}
+	return float64(tasks) / float64(batches)
 }
 
 // Markers around the results section that UpdateDoc rewrites.
