@@ -284,7 +284,14 @@ func TestWorkerBackpressureLedger(t *testing.T) {
 	}
 	w := newTestWorker(f, WorkerConfig{Slots: slots, ClaimBatch: batch, MemoryUsage: sampler})
 	w.bp.every = 0
+	// Memory stays bounded: the worker holds goroutines (and task state)
+	// for its slots, not for the 10,000 tasks waiting on the server.
+	baseGoroutines := runtime.NumGoroutine()
+	var maxGoroutines atomic.Int64
 	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		if g := int64(runtime.NumGoroutine()); g > maxGoroutines.Load() {
+			maxGoroutines.Store(g) // racy max is fine: a lower bound of the peak
+		}
 		n := inFlight.Add(1)
 		for {
 			m := maxInFlight.Load()
@@ -307,6 +314,8 @@ func TestWorkerBackpressureLedger(t *testing.T) {
 	require.NoError(t, stop())
 
 	require.LessOrEqual(t, maxInFlight.Load(), int64(slots))
+	require.LessOrEqual(t, maxGoroutines.Load(), int64(baseGoroutines+slots+50),
+		"goroutines grew with the backlog, not with the slots (baseline %d)", baseGoroutines)
 	f.locked(func() {
 		require.Empty(t, badClaims)
 		for _, id := range ids {
