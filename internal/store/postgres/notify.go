@@ -89,6 +89,10 @@ func (s *Store) listen(ctx context.Context, onReady func()) (connected bool, err
 // connection is seen at once; when it has been quiet for s.checkEvery a
 // ping checks it, so one that is silently gone (a network partition) is
 // noticed within about two periods.
+// pingTimeout is the least time a liveness ping of a LISTEN or leader
+// connection may take before the session is presumed dead.
+const pingTimeout = 5 * time.Second
+
 func (s *Store) watch(ctx context.Context, conn *pgx.Conn, fn func(*pgconn.Notification)) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, s.checkEvery)
@@ -103,7 +107,10 @@ func (s *Store) watch(ctx context.Context, conn *pgx.Conn, fn func(*pgconn.Notif
 		case !errors.Is(err, context.DeadlineExceeded) || conn.IsClosed():
 			return err
 		}
-		pctx, cancel := context.WithTimeout(ctx, s.checkEvery)
+		// A ping gets longer than the check period: a busy server or
+		// machine must not be mistaken for a dead session (which would
+		// drop leadership for nothing).
+		pctx, cancel := context.WithTimeout(ctx, max(s.checkEvery, pingTimeout))
 		err = conn.Ping(pctx)
 		cancel()
 		if err != nil {
