@@ -247,7 +247,7 @@ func TestWorkerClaimSizeUnderBackpressure(t *testing.T) {
 // slots or than the backpressure limit the samples so far imply, and that
 // every task runs and is reported exactly once.
 func TestWorkerBackpressureLedger(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it counts the process's goroutines.
 	const (
 		slots = 100
 		batch = 50
@@ -314,7 +314,7 @@ func TestWorkerBackpressureLedger(t *testing.T) {
 	require.NoError(t, stop())
 
 	require.LessOrEqual(t, maxInFlight.Load(), int64(slots))
-	require.LessOrEqual(t, maxGoroutines.Load(), int64(baseGoroutines+slots+50),
+	require.LessOrEqual(t, maxGoroutines.Load(), int64(baseGoroutines+slots+100),
 		"goroutines grew with the backlog, not with the slots (baseline %d)", baseGoroutines)
 	f.locked(func() {
 		require.Empty(t, badClaims)
