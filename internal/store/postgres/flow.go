@@ -355,10 +355,17 @@ type runningTask struct {
 	q                    *queueRow
 }
 
-// runningSelect reads tasks with their sub-queue and queue rows, so ending
-// their attempts needs no further reads; callers add WHERE.
-const runningSelect = `SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
-	sqCols + `, ` + qCols + ` FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
+// runningSelect reads tasks (alias t, filtered by where) with their
+// sub-queue and queue rows, so ending their attempts needs no further
+// reads. The tasks are picked in a CTE of their own: joined directly, the
+// planner could drive the search from the queues through tasks_queue_state
+// and read every task of the queue while statistics lag.
+func runningSelect(where string) string {
+	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue
+		FROM tasks t WHERE ` + where + `)
+	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
+		sqCols + `, ` + qCols + ` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
+}
 
 func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
@@ -371,11 +378,10 @@ func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	return r, nil
 }
 
-// selectRunning reads running tasks (runningSelect + where) in one round
-// trip.
+// selectRunning reads running tasks (runningSelect) in one round trip.
 func (t *txn) selectRunning(what, where string, args ...any) ([]*runningTask, error) {
 	var out []*runningTask
-	err := t.query(what, runningSelect+` WHERE `+where, args, func(rows pgx.Rows) error {
+	err := t.query(what, runningSelect(where), args, func(rows pgx.Rows) error {
 		r, err := t.scanRunning(rows)
 		if err != nil {
 			return err

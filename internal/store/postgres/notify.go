@@ -84,15 +84,15 @@ func (s *Store) listen(ctx context.Context, onReady func()) (connected bool, err
 	})
 }
 
-// watch reads conn's notifications, passing each to fn, until ctx ends
-// or the connection fails. Waiting reads the socket, so a closed
-// connection is seen at once; when it has been quiet for s.checkEvery a
-// ping checks it, so one that is silently gone (a network partition) is
-// noticed within about two periods.
 // pingTimeout is the least time a liveness ping of a LISTEN or leader
 // connection may take before the session is presumed dead.
 const pingTimeout = 5 * time.Second
 
+// watch reads conn's notifications, passing each to fn, until ctx ends
+// or the connection fails. Waiting reads the socket, so a closed
+// connection is seen at once; when it has been quiet for s.checkEvery a
+// ping checks it, so one that is silently gone (a network partition) is
+// noticed within s.checkEvery + pingTimeout.
 func (s *Store) watch(ctx context.Context, conn *pgx.Conn, fn func(*pgconn.Notification)) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, s.checkEvery)

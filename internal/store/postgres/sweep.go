@@ -21,8 +21,11 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		var ids []int64
 		var states []string
 		var paused []*string
-		err := t.query("promoting due tasks", `SELECT t.id, `+sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq
-			JOIN queues q ON q.name = t.queue WHERE t.state = 'scheduled' AND t.run_at <= $1 ORDER BY t.run_at LIMIT $2`,
+		// The due tasks in a CTE of their own, read through tasks_due (see
+		// runningSelect).
+		err := t.query("promoting due tasks", `WITH t AS MATERIALIZED (
+				SELECT id, sq, queue FROM tasks WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT $2)
+			SELECT t.id, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`,
 			[]any{t.now, limit}, func(rows pgx.Rows) error {
 				var id int64
 				sq, q := &sqRow{}, &queueRow{}
@@ -103,10 +106,11 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 	var n int
 	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
-		return t.query("expiring deadlines", `SELECT t.id, t.state, t.dispatch_deadline_at - t.created_at, t.attempt, `+sqCols+`, `+qCols+`
-			FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue
-			WHERE t.dispatch_deadline_at IS NOT NULL AND t.state IN ('scheduled', 'queued', 'ready', 'paused') AND t.dispatch_deadline_at <= $1
-			ORDER BY t.dispatch_deadline_at LIMIT $2`, []any{t.now, limit}, func(rows pgx.Rows) error {
+		return t.query("expiring deadlines", `WITH t AS MATERIALIZED (
+				SELECT id, state, dispatch_deadline_at - created_at AS dl, attempt, sq, queue FROM tasks
+				WHERE dispatch_deadline_at IS NOT NULL AND state IN ('scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= $1
+				ORDER BY dispatch_deadline_at LIMIT $2)
+			SELECT t.id, t.state, t.dl, t.attempt, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`, []any{t.now, limit}, func(rows pgx.Rows) error {
 			var (
 				id, dl  int64
 				state   string

@@ -385,7 +385,7 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 // the workers.
 func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
 	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
-	held, err := t.selectRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1) ORDER BY t.id`, workerIDs)
+	held, err := t.selectRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, workerIDs)
 	if err != nil {
 		return err
 	}

@@ -158,6 +158,8 @@ func Run(t *testing.T, ns NewStore) {
 		"ConcurrentCompletions":   testConcurrentCompletions,
 		"Deregister":              testDeregister,
 		"KindsOnlyClaimed":        testKinds,
+		"Shortfall":               testShortfall,
+		"Retention":               testRetention,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })
@@ -898,11 +900,12 @@ func testRetention(t *testing.T, ns NewStore) {
 		nts = append(nts, store.NewTask{Kind: "k"})
 	}
 	tasks := h.enqueue(nts...)
+	_, _, err := h.st.CancelTask(h.ctx, tasks[4].ID) // waiting: cancelled at once
+	require.NoError(t, err)
 	h.worker("w", 10, "k")
 	c := h.claim("w", 10)
+	require.Len(t, c, 4)
 	h.complete("w", ok(c[0]), ok(c[1]), fail(c[2], "x"))
-	_, _, err := h.st.CancelTask(h.ctx, tasks[4].ID)
-	require.NoError(t, err)
 	h.tick(time.Hour)
 	h.complete("w", ok(c[3]))
 	// Cut-off between the two finishing times: the first three finished
