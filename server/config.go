@@ -139,3 +139,12 @@ func errBadDB(db string) error {
 	}
 	return fmt.Errorf("db: %q is not a supported database URL (want sqlite:PATH or postgres://USER@HOST/DB)", db)
 }
+
+// RedactedDB returns the database URL with any password replaced, for logs.
+func (c Config) RedactedDB() string {
+	u, err := url.Parse(c.DB)
+	if err != nil || u.User == nil {
+		return c.DB
+	}
+	return u.Redacted()
+}

@@ -141,7 +141,7 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 	d := server.Config{}.WithDefaults()
 	defaultDB := cmp.Or(over.db, d.DB)
 	fs.StringVar(&f.addr, "addr", d.Addr, "HTTP listen address HOST:PORT (port 0 picks a free port)")
-	fs.StringVar(&f.db, "db", defaultDB, "database URL: sqlite:PATH or sqlite::memory:")
+	fs.StringVar(&f.db, "db", defaultDB, "database URL: sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB (several servers may share one PostgreSQL)")
 	if withAuth {
 		fs.StringVar(&f.adminToken, "admin-token", "", "bearer token for the whole API (required)")
 		fs.StringVar(&f.workerToken, "worker-token", "", "bearer token for the worker protocol only (required, differs from --admin-token)")

@@ -34,7 +34,7 @@ runs with --no-migrate; run this before starting servers that do.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&db, "db", server.Config{}.WithDefaults().DB, "database URL: sqlite:PATH")
+	cmd.Flags().StringVar(&db, "db", server.Config{}.WithDefaults().DB, "database URL: sqlite:PATH or postgres://USER@HOST:PORT/DB")
 	bindAllEnv(cmd.Flags())
 	return cmd
 }
