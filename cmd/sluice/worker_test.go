@@ -278,7 +278,9 @@ func TestWorkerCommandSecondSignal(t *testing.T) {
 	wa.signals = sigs
 	ran := make(chan int, 1)
 	go func() {
-		ran <- wa.run(context.Background(), []string{"worker", "--kinds", "sleep", "--shutdown-timeout", "1s"})
+		// The shutdown timeout leaves a wide margin between the two
+		// signals on a loaded machine.
+		ran <- wa.run(context.Background(), []string{"worker", "--kinds", "sleep", "--shutdown-timeout", "5s"})
 	}()
 	waitFor(t, "the task to run", 10*time.Second, func() bool {
 		got, err := admin.GetTask(t.Context(), task.ID)
@@ -307,7 +309,7 @@ func TestWorkerCommandSecondSignal(t *testing.T) {
 	// The test's exit does not end the process: let the shutdown finish.
 	select {
 	case <-ran:
-	case <-time.After(30 * time.Second):
+	case <-time.After(60 * time.Second):
 		t.Fatal("the worker did not finish its shutdown")
 	}
 }
