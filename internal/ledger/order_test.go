@@ -227,7 +227,7 @@ func TestOrderKeySequential(t *testing.T) {
 // back to work.
 func TestWorkerComesBackAfterLeaseLoss(t *testing.T) {
 	t.Parallel()
-	const lease = time.Second
+	const lease = 2 * time.Second // margin for heartbeats on a loaded machine
 	h := newHarness(t, server.Config{Lease: lease, SweepInterval: 50 * time.Millisecond})
 	ctx := h.ctx
 	l := ledger.New(ledger.Limits{})
@@ -250,5 +250,5 @@ func TestWorkerComesBackAfterLeaseLoss(t *testing.T) {
 		a, err1 := h.b.GetTask(ctx, first.ID)
 		b, err2 := h.b.GetTask(ctx, second.ID)
 		return err1 == nil && err2 == nil && a.State == sluice.StateSucceeded && b.State == sluice.StateSucceeded
-	}, 15*time.Second, 10*time.Millisecond, "the worker did not come back to run its lost task and a new one")
+	}, 30*time.Second, 10*time.Millisecond, "the worker did not come back to run its lost task and a new one")
 }
