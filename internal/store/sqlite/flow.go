@@ -406,20 +406,7 @@ func (t *txn) endAttempt(r *runningTask, o outcome) error {
 		return err
 	}
 	t.release(sq)
-	state := sluice.StateSucceeded
-	attemptState := sluice.StateSucceeded
-	switch {
-	case o.ok:
-	case r.cancelRequested:
-		state, attemptState = sluice.StateCancelled, sluice.StateCancelled
-	default:
-		attemptState = sluice.StateFailed
-		if o.noRetry || r.attempt >= r.maxAttempts {
-			state = sluice.StateFailed
-		} else {
-			state = sluice.StateScheduled
-		}
-	}
+	state, attemptState := store.AttemptEnd(o.ok, r.cancelRequested, o.noRetry, r.attempt, r.maxAttempts)
 	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, attemptState, o.err); err != nil {
 		return fmt.Errorf("recording attempt: %w", err)
@@ -434,10 +421,7 @@ func (t *txn) endAttempt(r *runningTask, o outcome) error {
 			state, output, o.err, t.now, r.id)
 		return err
 	}
-	delay := o.retryAfter
-	if delay == 0 && o.backoff != nil {
-		delay = o.backoff(r.attempt)
-	}
+	delay := store.RetryDelay(o.retryAfter, o.backoff, r.attempt)
 	runAt := t.now
 	if delay > 0 {
 		runAt += delay.Microseconds()

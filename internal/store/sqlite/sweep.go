@@ -104,7 +104,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			if _, err := t.exec(`DELETE FROM workers WHERE id = ?`, id); err != nil {
 				return err
 			}
-			if err := t.dropWorker(id, fmt.Sprintf("lease expired: worker %s stopped heartbeating", id)); err != nil {
+			if err := t.dropWorker(id, store.LeaseExpiredReason(id)); err != nil {
 				return err
 			}
 			n++
@@ -132,7 +132,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			return err
 		}
 		for _, to := range list {
-			if err := t.endAttempt(to.rt, outcome{err: fmt.Sprintf("timeout: attempt exceeded %s", to.timeout), backoff: backoff}); err != nil {
+			if err := t.endAttempt(to.rt, outcome{err: store.TimeoutReason(to.timeout), backoff: backoff}); err != nil {
 				return err
 			}
 			n++
@@ -174,12 +174,7 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 			return err
 		}
 		for _, e := range list {
-			why := fmt.Sprintf("capacity: not started within its dispatch deadline of %s (was %s in queue %q)",
-				time.Duration(e.dl)*time.Microsecond, e.state, e.queue)
-			if e.attempt > 0 {
-				why = fmt.Sprintf("capacity: not restarted within its dispatch deadline of %s after %d attempt(s) (was %s in queue %q)",
-					time.Duration(e.dl)*time.Microsecond, e.attempt, e.state, e.queue)
-			}
+			why := store.DeadlineReason(time.Duration(e.dl)*time.Microsecond, e.attempt, e.state, e.queue)
 			if err := t.cancelWaiting(e.id, e.state, e.sq, e.queue, why); err != nil {
 				return err
 			}

@@ -12,9 +12,6 @@ import (
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
-// admissionRetryAfter is the Retry-After of a rejected trigger.
-const admissionRetryAfter = time.Second
-
 // Enqueue inserts tasks in one transaction; see store.Store.
 func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error) {
 	results := make([]store.EnqueueResult, len(tasks))
@@ -74,10 +71,7 @@ func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.New
 // admit checks the admission ceilings for the fresh tasks (S-FC6).
 func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error {
 	if lim.MaxActive > 0 && t.env.active+int64(len(fresh)) > int64(lim.MaxActive) {
-		return &sluice.AdmissionError{
-			Ceiling:    fmt.Sprintf("environment max_active %d (%d active)", lim.MaxActive, t.env.active),
-			RetryAfter: admissionRetryAfter,
-		}
+		return store.EnvAdmissionError(lim.MaxActive, t.env.active)
 	}
 	perQueue := map[string]int64{}
 	for _, i := range fresh {
@@ -89,10 +83,7 @@ func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error 
 			return err
 		}
 		if q.maxBacklog.Valid && q.active+n > q.maxBacklog.Int64 {
-			return &sluice.AdmissionError{
-				Ceiling:    fmt.Sprintf("queue %q max_backlog %d (%d active)", name, q.maxBacklog.Int64, q.active),
-				RetryAfter: admissionRetryAfter,
-			}
+			return store.QueueAdmissionError(name, q.maxBacklog.Int64, q.active)
 		}
 	}
 	return nil
@@ -190,8 +181,8 @@ func scanTask(row interface{ Scan(...any) error }) (*sluice.Task, error) {
 	task.PausedFrom = sluice.TaskState(pausedFrom.String)
 	task.IdempotencyKey = idem.String
 	task.WorkerID = workerID.String
-	task.Input = jsonOrNull(input)
-	task.Output = jsonOrNull(output)
+	task.Input = store.JSONOrNull(input)
+	task.Output = store.JSONOrNull(output)
 	task.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
 	task.RunAt = fromUS(runAt)
 	task.CreatedAt = fromUS(createdAt)
@@ -201,13 +192,6 @@ func scanTask(row interface{ Scan(...any) error }) (*sluice.Task, error) {
 	task.LeaseExpiresAt = fromNullUS(leaseAt)
 	task.Attempts = []sluice.Attempt{}
 	return &task, nil
-}
-
-func jsonOrNull(b []byte) []byte {
-	if len(b) == 0 {
-		return []byte("null")
-	}
-	return b
 }
 
 type querier interface {

@@ -107,10 +107,6 @@ func (s *Store) Shortfall(ctx context.Context) ([]store.Shortfall, error) {
 	return out, rows.Err()
 }
 
-func workerNotFound(id string) error {
-	return sluice.NotFound("worker %q is not registered (its lease may have expired): register again", id)
-}
-
 type candidate struct {
 	id, rank int64
 	priority int
@@ -130,7 +126,7 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 		var kindsJSON string
 		err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds`, us(leaseUntil), workerID).Scan(&slots, &kindsJSON)
 		if err == sql.ErrNoRows {
-			return workerNotFound(workerID)
+			return store.WorkerNotFound(workerID)
 		}
 		if err != nil {
 			return fmt.Errorf("claim: %w", err)
@@ -172,13 +168,7 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 		if len(kinds) > 1 {
 			sort.Slice(cands, func(i, j int) bool {
 				a, b := cands[i], cands[j]
-				if a.priority != b.priority {
-					return a.priority > b.priority
-				}
-				if a.rank != b.rank {
-					return a.rank < b.rank
-				}
-				return a.id < b.id
+				return store.ClaimBefore(a.priority, a.rank, a.id, b.priority, b.rank, b.id)
 			})
 		}
 		cands = cands[:min(n, len(cands))]
@@ -208,7 +198,7 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 					rows.Close()
 					return err
 				}
-				c.Input = jsonOrNull(input)
+				c.Input = store.JSONOrNull(input)
 				c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
 				c.CreatedAt = fromUS(created)
 				c.StartedAt = now.UTC()
@@ -289,7 +279,7 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 			return fmt.Errorf("heartbeat: %w", err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			return workerNotFound(workerID)
+			return store.WorkerNotFound(workerID)
 		}
 		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
 		if err != nil {
@@ -367,9 +357,9 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 			return err
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			return workerNotFound(workerID)
+			return store.WorkerNotFound(workerID)
 		}
-		return t.dropWorker(workerID, "worker deregistered while running the task")
+		return t.dropWorker(workerID, store.DeregisteredReason)
 	})
 }
 
