@@ -269,6 +269,12 @@ type TaskResult struct {
 // CompleteParams is the body of POST /v1/workers/{id}/complete.
 type CompleteParams struct {
 	Results []TaskResult `json:"results"`
+	// Claim, when above zero, claims up to that many ready tasks in the
+	// same call once the results are recorded (no waiting, as a claim
+	// with wait 0): a busy worker gets its next tasks without another
+	// round trip. The server may claim none, e.g. when other workers are
+	// waiting for work under the dispatch policy.
+	Claim int `json:"claim,omitempty"`
 }
 
 // ResultAck answers one TaskResult.
@@ -282,6 +288,8 @@ type ResultAck struct {
 // CompleteResult answers a complete call.
 type CompleteResult struct {
 	Results []ResultAck `json:"results"`
+	// Tasks claimed for CompleteParams.Claim, leased as by a claim.
+	Tasks []ClaimedTask `json:"tasks,omitempty"`
 }
 
 // HeartbeatParams is the body of POST /v1/workers/{id}/heartbeat.

@@ -95,6 +95,19 @@ func (b *backpressure) claimLimit(now time.Time) (limit int, wait time.Duration)
 	return int(b.limit.Load()), 0
 }
 
+// piggybackLimit is the claim limit for a claim riding on a complete call,
+// without taking a sample (the claim loop paces samples): 0 while
+// backpressure holds the claim size down, so the claim loop alone paces
+// claims then.
+func (b *backpressure) piggybackLimit() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.memShift+b.latShift > 0 {
+		return 0
+	}
+	return int(b.limit.Load())
+}
+
 // sampleIfDue samples when a sample is due, so that an idle worker still
 // reports fresh figures in its heartbeats and recovers its claim size.
 func (b *backpressure) sampleIfDue(now time.Time) {

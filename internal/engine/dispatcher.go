@@ -76,10 +76,79 @@ type dispatcher struct {
 	seq      int64
 	chaining bool
 	again    bool
+	except   string // worker the chain's first round skips (wakeExcept)
+
+	// epoch counts the changes that could let a claim find more work
+	// (tasks readied, slots freed, limits or pauses changed, another
+	// server's notification). spent maps a worker to the epoch at which a
+	// look of its took everything it could.
+	epoch uint64
+	spent map[string]spentLook
 }
 
+type spentLook struct {
+	epoch uint64
+	at    time.Time
+}
+
+// spentFor bounds how long an exhausted look stands for the next claim:
+// a change on another server that readies nothing (a sweep freeing a
+// worker's slots) sends no notification.
+const spentFor = time.Second
+
 func newDispatcher(p Dispatch) *dispatcher {
-	return &dispatcher{policy: p, waiters: map[*waiter]bool{}, served: map[string]int64{}}
+	return &dispatcher{policy: p, waiters: map[*waiter]bool{}, served: map[string]int64{}, spent: map[string]spentLook{}}
+}
+
+// epochNow returns the change count, read before a look.
+func (d *dispatcher) epochNow() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.epoch
+}
+
+// exhausted notes that a look of worker, begun at epoch, took all it could.
+func (d *dispatcher) exhausted(worker string, epoch uint64) {
+	d.mu.Lock()
+	d.spent[worker] = spentLook{epoch, time.Now()}
+	d.mu.Unlock()
+}
+
+// nothingNew reports whether worker's last look took all it could and
+// nothing has changed since, recently enough to trust.
+func (d *dispatcher) nothingNew(worker string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.spent[worker]
+	return ok && s.epoch == d.epoch && time.Since(s.at) < spentFor
+}
+
+// changed records a change that readied nothing but may let a claim find
+// work (freed slots, raised limits).
+func (d *dispatcher) changed() {
+	d.mu.Lock()
+	d.epoch++
+	d.mu.Unlock()
+}
+
+// mayServe reports whether worker may take new work outside the chain
+// (with its completion): only when no other worker's claim waits ahead of
+// it under the policy.
+func (d *dispatcher) mayServe(worker string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	me := &waiter{worker: worker, order: worker}
+	for v := range d.waiters {
+		if v.worker == worker {
+			me.free = max(me.free, v.free)
+		}
+	}
+	for v := range d.waiters {
+		if v.worker != worker && d.before(v, me) {
+			return false
+		}
+	}
+	return true
 }
 
 // add registers a waiter before its claim attempt, so a wake-up between
@@ -109,6 +178,7 @@ func (d *dispatcher) servedNow(worker string) {
 func (d *dispatcher) forget(worker string) {
 	d.mu.Lock()
 	delete(d.served, worker)
+	delete(d.spent, worker)
 	d.mu.Unlock()
 }
 
@@ -146,6 +216,7 @@ func (d *dispatcher) firstInLine(w *waiter) bool {
 func (d *dispatcher) wakeWorker(worker string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.epoch++
 	for w := range d.waiters {
 		if w.worker == worker {
 			signal(w.ch, 0)
@@ -158,14 +229,21 @@ func (d *dispatcher) wakeWorker(worker string) {
 const handoffTimeout = 100 * time.Millisecond
 
 // wake starts a wake-up chain, or asks the running one to go round again.
-func (d *dispatcher) wake() {
+func (d *dispatcher) wake() { d.wakeExcept("") }
+
+// wakeExcept is wake, but a chain it starts skips worker's claims (which
+// already took what they could); a chain already running goes round again
+// for everyone.
+func (d *dispatcher) wakeExcept(worker string) {
 	d.mu.Lock()
+	d.epoch++
 	if d.chaining {
 		d.again = true
 		d.mu.Unlock()
 		return
 	}
 	d.chaining = true
+	d.except = worker
 	d.mu.Unlock()
 	go d.chain()
 }
@@ -175,8 +253,11 @@ func (d *dispatcher) chain() {
 		d.mu.Lock()
 		list := make([]*waiter, 0, len(d.waiters))
 		for w := range d.waiters {
-			list = append(list, w)
+			if w.worker != d.except {
+				list = append(list, w)
+			}
 		}
+		d.except = ""
 		d.again = false
 		sort.Slice(list, func(i, j int) bool { return d.before(list[i], list[j]) })
 		d.mu.Unlock()

@@ -152,6 +152,7 @@ type Engine struct {
 	disp    *dispatcher   // wakes long-polling claims
 	kick    chan struct{} // scheduler: something was scheduled
 	metrics *Metrics
+	enq     *enqueuer // group commit of concurrent triggers
 
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
@@ -171,11 +172,15 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	st.SetClock(cfg.Clock.Now)
+	m := newMetrics(st)
+	enq := newEnqueuer(st, groupMaxTasks)
+	enq.onGroup = func(calls int) { m.triggerGroup.Observe(float64(calls)) }
 	return &Engine{
 		st: st, cfg: cfg, log: cfg.Logger,
 		disp:    newDispatcher(cfg.Dispatch),
 		kick:    make(chan struct{}, 1),
-		metrics: newMetrics(st),
+		metrics: m,
+		enq:     enq,
 		cancels: map[string][]int64{},
 	}, nil
 }
@@ -195,7 +200,11 @@ func (e *Engine) now() time.Time { return e.cfg.Clock.Now() }
 func (e *Engine) after(o store.Outcome) {
 	if o.Readied > 0 {
 		e.disp.wake()
+		return
 	}
+	// Nothing became ready, but slots or limits may have changed: a
+	// worker's next claim must look again.
+	e.disp.changed()
 }
 
 func (e *Engine) kickScheduler() {
@@ -255,7 +264,7 @@ func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]
 		nts[i] = nt
 		scheduled = scheduled || !nt.RunAt.IsZero()
 	}
-	res, o, err := e.st.Enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
+	res, o, err := e.enq.enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
 	if err != nil {
 		if ae, ok := sluice.IsAdmission(err); ok {
 			e.metrics.admissionRejected(ae)
@@ -456,31 +465,33 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 		defer timer.Stop()
 	}
 	var answering int64 // the chain's wake-up this attempt answers; 0: none
+	// A waiting claim skips its first look when this worker's last look
+	// took everything it could and nothing has happened since that could
+	// give it more: that look would be a transaction finding nothing.
+	skip := p.Wait > 0 && e.disp.nothingNew(workerID)
 	for {
 		if answering == 0 && p.Wait > 0 && !e.disp.firstInLine(w) {
 			// Another waiting worker goes first under the dispatch
 			// policy: wait for the chain to come to this one.
 			answering = -1
 		}
-		if answering >= 0 {
-			start := time.Now()
-			tasks, err := e.st.Claim(ctx, workerID, p.Max, e.cfg.Lease)
+		switch {
+		case skip:
+			skip = false
+			e.metrics.claimLooksSkipped.Inc()
+		case answering >= 0:
+			tasks, err := e.look(ctx, workerID, p.Max)
 			if p.Wait > 0 {
 				signal(w.done, answering)
 			}
 			if err != nil {
 				return nil, err
 			}
-			e.metrics.claimLatency.Observe(time.Since(start).Seconds())
 			cancel := e.takeCancels(workerID)
-			if len(tasks) > 0 {
-				e.disp.servedNow(workerID)
-			}
 			if len(tasks) > 0 || len(cancel) > 0 || p.Wait == 0 {
-				e.metrics.claimed(tasks)
 				return &sluice.ClaimResult{Tasks: nonNil(tasks), Cancel: cancel}, nil
 			}
-		} else {
+		default:
 			e.disp.wake() // make sure a chain will come round
 		}
 		select {
@@ -505,6 +516,28 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
+// look claims up to max ready tasks for a worker, now. A look that got
+// fewer than max took everything the worker could have: the dispatcher
+// notes it, so the worker's next waiting claim need not look again until
+// something changes.
+func (e *Engine) look(ctx context.Context, workerID string, max int) ([]sluice.ClaimedTask, error) {
+	epoch := e.disp.epochNow()
+	start := time.Now()
+	tasks, err := e.st.Claim(ctx, workerID, max, e.cfg.Lease)
+	if err != nil {
+		return nil, err
+	}
+	e.metrics.claimLatency.Observe(time.Since(start).Seconds())
+	if len(tasks) > 0 {
+		e.disp.servedNow(workerID)
+		e.metrics.claimed(tasks)
+	}
+	if len(tasks) < max {
+		e.disp.exhausted(workerID, epoch)
+	}
+	return tasks, nil
+}
+
 func (e *Engine) takeCancels(workerID string) []int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -525,7 +558,23 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	if err != nil {
 		return nil, err
 	}
-	e.after(o)
+	res := &sluice.CompleteResult{Results: acks}
+	piggyback := p.Claim > 0 && e.disp.mayServe(workerID)
+	if piggyback {
+		// The worker's next tasks, without another round trip. Its own
+		// long-poll is then not woken for the tasks just readied: this
+		// look took all the worker could (fewer than asked), or filled
+		// the slots it had free.
+		if res.Tasks, err = e.look(ctx, workerID, p.Claim); err != nil {
+			e.log.Warn("claim after complete", "worker", workerID, "err", err)
+			res.Tasks, piggyback = nil, false // the results are recorded: answer them
+		}
+	}
+	if piggyback && o.Readied > 0 {
+		e.disp.wakeExcept(workerID)
+	} else {
+		e.after(o)
+	}
 	failed, freed := false, false
 	for i, a := range acks {
 		if a.Status == "ok" {
@@ -534,13 +583,15 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 			freed = true
 		}
 	}
-	if freed {
+	if freed && !piggyback {
+		// Its long-poll may now claim more (unless the claim above
+		// already took what it could).
 		e.disp.wakeWorker(workerID)
 	}
 	if failed {
 		e.kickScheduler() // a retry may have been scheduled
 	}
-	return &sluice.CompleteResult{Results: acks}, nil
+	return res, nil
 }
 
 // Heartbeat extends the worker's lease on all its tasks.

@@ -179,6 +179,7 @@ func (f *fixture) parkClaim(worker string, wait time.Duration) <-chan *sluice.Cl
 	default:
 	}
 	out := make(chan *sluice.ClaimResult, 1)
+	skipped := f.skippedLooks()
 	go func() {
 		res, err := f.e.Claim(f.ctx, worker, sluice.ClaimParams{Max: 10, Wait: sluice.Duration(wait)})
 		if err != nil {
@@ -186,13 +187,36 @@ func (f *fixture) parkClaim(worker string, wait time.Duration) <-chan *sluice.Cl
 		}
 		out <- res
 	}()
-	select {
-	case n := <-f.spy.claims:
-		require.Zero(f.t, n, "the long-poll found work at once: nothing to wake it for")
-	case <-time.After(30 * time.Second):
-		f.t.Fatal("the long-poll claim never ran")
+	// Parked once it looked and found nothing, or skipped the look (the
+	// worker's last look took all there was and nothing changed since).
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case n := <-f.spy.claims:
+			require.Zero(f.t, n, "the long-poll found work at once: nothing to wake it for")
+			return out
+		case <-deadline:
+			f.t.Fatal("the long-poll claim never ran")
+		case <-time.After(time.Millisecond):
+			if f.skippedLooks() > skipped {
+				return out
+			}
+		}
 	}
-	return out
+}
+
+// skippedLooks reads sluice_claim_looks_skipped_total.
+func (f *fixture) skippedLooks() float64 {
+	f.t.Helper()
+	mfs, err := f.e.Metrics().Registry().Gather()
+	require.NoError(f.t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_claim_looks_skipped_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	f.t.Fatal("no sluice_claim_looks_skipped_total metric")
+	return 0
 }
 
 // awaitClaim waits for a parked claim's answer. wait is the claim's own

@@ -15,11 +15,17 @@ import (
 
 // Metrics are the server's Prometheus metrics (S-W9 server side).
 type Metrics struct {
-	reg             *prometheus.Registry
-	triggered       prometheus.Counter
-	admission       *prometheus.CounterVec
-	pickup          prometheus.Histogram
-	claimLatency    prometheus.Histogram
+	reg          *prometheus.Registry
+	triggered    prometheus.Counter
+	admission    *prometheus.CounterVec
+	pickup       prometheus.Histogram
+	claimLatency prometheus.Histogram
+	// claimLooksSkipped counts waiting claims that skipped their first
+	// look: the worker's last look took all it could and nothing changed.
+	claimLooksSkipped prometheus.Counter
+	// triggerGroup observes how many trigger calls shared one
+	// transaction (group commit).
+	triggerGroup    prometheus.Histogram
 	claimedTotal    prometheus.Counter
 	finishedTotal   *prometheus.CounterVec
 	swept           prometheus.Counter
@@ -38,6 +44,10 @@ func newMetrics(st store.Store) *Metrics {
 	m.admission = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_admission_rejections_total", Help: "Triggers rejected by an admission ceiling (429)."}, []string{"ceiling"})
 	m.pickup = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_pickup_latency_seconds", Help: "Time from creation to the first start of a task.", Buckets: latencyBuckets})
 	m.claimLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_claim_latency_seconds", Help: "Duration of one claim transaction.", Buckets: latencyBuckets})
+	m.claimLooksSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_claim_looks_skipped_total",
+		Help: "Waiting claims that went straight to waiting: the worker's previous look took all it could and nothing changed since."})
+	m.triggerGroup = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_trigger_group_calls",
+		Help: "Trigger calls that shared one store transaction (group commit).", Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128}})
 	m.claimedTotal = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_tasks_claimed_total", Help: "Attempts started."})
 	m.finishedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_attempts_finished_total", Help: "Attempts reported by workers, by outcome."}, []string{"outcome"})
 	m.swept = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_attempts_swept_total", Help: "Attempts ended by the sweeper (expired lease or timeout)."})
@@ -46,7 +56,7 @@ func newMetrics(st store.Store) *Metrics {
 	m.retained = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_tasks_deleted_total", Help: "Finished tasks deleted after the retention period."})
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_leader", Help: "1 while this server runs the background services (the leader of its cluster), else 0."})
 	m.sweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_sweeps_total", Help: "Sweeps run by this server (expired leases, timeouts, dispatch deadlines)."})
-	m.reg.MustRegister(m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
+	m.reg.MustRegister(m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimLooksSkipped, m.triggerGroup, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
 		&queueCollector{st: st}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -236,6 +236,9 @@ func Complete(p *sluice.CompleteParams) error {
 	if len(p.Results) > MaxBatch {
 		return sluice.Invalid("results", "more than %d results in one call", MaxBatch)
 	}
+	if p.Claim < 0 || p.Claim > MaxClaim {
+		return sluice.Invalid("claim", "must be between 0 and %d", MaxClaim)
+	}
 	for i := range p.Results {
 		r := &p.Results[i]
 		if err := TaskID(fmt.Sprintf("results[%d].task_id", i), r.TaskID); err != nil {

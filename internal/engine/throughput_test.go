@@ -1,0 +1,149 @@
+package engine_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/engine"
+)
+
+// A complete call with Claim hands the worker the task its result just
+// let through the limit, in the same answer, and does not wake the
+// worker's own long-poll for it.
+func TestCompleteClaimsNext(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	f.putQueue("one", 1)
+	w := f.register("k")
+	first := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
+	second := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
+	require.Len(t, f.claim(w, 10), 1)
+	parked := f.parkClaim(w, 2*time.Second)
+
+	res, err := f.e.Complete(f.ctx, w, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: first.ID, Attempt: 1}}, Claim: 5})
+	require.NoError(t, err)
+	require.Equal(t, "ok", res.Results[0].Status)
+	require.Len(t, res.Tasks, 1, "the freed slot's next task comes with the answer")
+	require.Equal(t, second.ID, res.Tasks[0].ID)
+	require.Equal(t, sluice.StateRunning, f.get(second.ID).State)
+
+	got, _ := awaitClaim(t, parked, 2*time.Second)
+	require.Empty(t, got.Tasks, "the long-poll must not get a task twice")
+
+	// Nothing left: a claim rides along and takes nothing.
+	res, err = f.e.Complete(f.ctx, w, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: second.ID, Attempt: 1}}, Claim: 5})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks)
+}
+
+// Under spread, a worker whose completion frees work does not take it
+// ahead of an idle worker that is waiting.
+func TestCompleteClaimYieldsToWaitingWorker(t *testing.T) {
+	f := newFixture(t, engine.Config{Dispatch: engine.DispatchSpread})
+	f.putQueue("one", 1)
+	busy := f.register("k")
+	idle := f.register("k")
+	first := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
+	second := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
+	require.Len(t, f.claim(busy, 1), 1)
+	parked := f.parkClaim(idle, 10*time.Second)
+
+	res, err := f.e.Complete(f.ctx, busy, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: first.ID, Attempt: 1}}, Claim: 5})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks, "the waiting worker goes first under spread")
+	got, _ := awaitClaim(t, parked, 10*time.Second)
+	require.Len(t, got.Tasks, 1)
+	require.Equal(t, second.ID, got.Tasks[0].ID)
+}
+
+// A waiting claim whose worker's last look took all there was goes
+// straight to waiting (no transaction), and is still woken by new work.
+func TestClaimSkipsUselessLook(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	w := f.register("k")
+	f.trigger(sluice.TriggerParams{Kind: "k"})
+	require.Len(t, f.claim(w, 10), 1) // took all there was
+	before := f.skippedLooks()
+	parked := f.parkClaim(w, 10*time.Second)
+	require.Equal(t, before+1, f.skippedLooks())
+	task := f.trigger(sluice.TriggerParams{Kind: "k"})
+	got, _ := awaitClaim(t, parked, 10*time.Second)
+	require.Len(t, got.Tasks, 1, "the trigger woke the claim that skipped its look")
+	require.Equal(t, task.ID, got.Tasks[0].ID)
+
+	// A change that readies nothing (a completion freeing the worker's
+	// slots) still makes the next claim look.
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: task.ID, Attempt: 1}))
+	skipped := f.skippedLooks()
+	parked = f.parkClaim(w, 50*time.Millisecond)
+	require.Equal(t, skipped, f.skippedLooks(), "looked after a change")
+	awaitClaim(t, parked, 50*time.Millisecond)
+}
+
+// Concurrent triggers share transactions, and one call's rejection by the
+// admission ceiling is not another's.
+func TestTriggerGroupCommit(t *testing.T) {
+	f := newFixture(t, engine.Config{MaxActive: 150})
+	const callers, each = 20, 5
+	// burst triggers callers × each tasks from concurrent calls and
+	// returns how many calls were admitted and rejected.
+	burst := func() (admitted, rejected int) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for range callers {
+			wg.Go(func() {
+				ps := make([]sluice.TriggerParams, each)
+				for i := range ps {
+					ps[i] = sluice.TriggerParams{Kind: "k"}
+				}
+				tasks, _, err := f.e.TriggerMany(f.ctx, ps)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					_, ok := sluice.IsAdmission(err)
+					require.True(t, ok, "want an admission error, got %v", err)
+					rejected++
+					return
+				}
+				require.Len(t, tasks, each)
+				admitted++
+			})
+		}
+		wg.Wait()
+		return admitted, rejected
+	}
+
+	admitted, rejected := burst() // 100 tasks: all fit
+	require.Equal(t, callers, admitted)
+	require.Zero(t, rejected)
+	h := histogram(t, f, "sluice_trigger_group_calls")
+	require.Equal(t, uint64(callers), h.sum, "each call observed once")
+	require.Less(t, h.count, uint64(callers), "some calls shared a transaction")
+
+	admitted, rejected = burst() // 100 more: 50 fit
+	require.Equal(t, 50/each, admitted, "every call that fitted was admitted, whole")
+	require.Equal(t, callers-50/each, rejected)
+	page, err := f.e.ListTasks(f.ctx, sluice.TaskFilter{Limit: 1000})
+	require.NoError(t, err)
+	require.Len(t, page.Tasks, 150)
+}
+
+type histogramValue struct{ count, sum uint64 }
+
+// histogram reads the engine's histogram name.
+func histogram(t *testing.T, f *fixture, name string) histogramValue {
+	t.Helper()
+	mfs, err := f.e.Metrics().Registry().Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			h := mf.GetMetric()[0].GetHistogram()
+			return histogramValue{count: h.GetSampleCount(), sum: uint64(h.GetSampleSum())}
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return histogramValue{}
+}
