@@ -7,7 +7,7 @@ FUZZTIME    ?= 30s
 BIN         ?= bin/sluice
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-short test-race lint fuzz bench generate clean
+.PHONY: help build run test test-short test-race lint fuzz bench bench-compare generate clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,3 +52,13 @@ generate: ## Run go generate ./...
 
 clean: ## Remove build output and the dev database
 	rm -rf bin sluice-dev.db sluice-dev.db-wal sluice-dev.db-shm
+
+BENCH_PG    ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+BENCH_FLAGS ?=
+
+bench-compare: ## Run River (bench/peers/river) then sluice on the same PostgreSQL (BENCH_PG) and print the ratios
+	@set -eo pipefail; tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; \
+	echo "== River: bench/peers/river on $(BENCH_PG)" >&2; \
+	(cd bench/peers/river && $(GO) run . --db '$(BENCH_PG)' -o json) > "$$tmp/river.json"; \
+	echo "== sluice: sluice bench --db $(BENCH_PG)" >&2; \
+	$(GO) run ./cmd/sluice bench --db '$(BENCH_PG)' --only a,b,c,e --compare-with "$$tmp/river.json" $(BENCH_FLAGS)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -32,10 +33,13 @@ type benchFlags struct {
 	duration, timeout                      time.Duration
 	blocked                                []int
 	claims, claimMax                       int
+	slowTasks, slowLimit                   int
+	slowSleep                              time.Duration
 	bulk                                   string
 	only                                   []string
 	quick, inProcess                       bool
-	out, output, dir, cpuprofile           string
+	out, output, dir, cpuprofile, db       string
+	compareWith                            string
 	dropIndexes                            []string
 }
 
@@ -43,9 +47,10 @@ func (a *app) newBenchCmd() *cobra.Command {
 	var f benchFlags
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure throughput and latency on SQLite (see docs/benchmarks.md)",
-		Long: `Measure sluice on SQLite, each scenario on its own server started in this
-process (127.0.0.1:0, a fresh database in a temporary directory):
+		Short: "Measure throughput and latency on SQLite or PostgreSQL (see docs/benchmarks.md)",
+		Long: `Measure sluice, each scenario on its own server started in this process
+(127.0.0.1:0) with a fresh database: a SQLite file in a temporary directory,
+or with --db postgres://… a new schema of that database, dropped afterwards.
 
   a  no-op tasks/s: --tasks pre-enqueued (Engine.TriggerMany), then one worker
      process (sluice worker --slots --claim-batch --kinds echo) over HTTP
@@ -55,6 +60,8 @@ process (127.0.0.1:0, a fresh database in a temporary directory):
      triggered one by one over HTTP for --duration, idle worker waiting
   d  claim latency (Engine.Claim of 10, no wait) of an unbounded queue while
      each --blocked count of tasks waits behind a full concurrency key
+  e  a queue limited to --slow-limit running --slow-tasks tasks that each
+     sleep --slow-sleep, as % of the ideal (tasks × sleep / limit)
 
 Throughput is tasks over the time from the first task's start to the last
 one's finish, read from the database. Progress goes to stderr, results to
@@ -71,6 +78,12 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 				return err
 			}
 			cfg.Progress = a.stderr
+			var peer *bench.Peer
+			if f.compareWith != "" {
+				if peer, err = bench.LoadPeer(f.compareWith); err != nil {
+					return usagef("--compare-with: %v", err)
+				}
+			}
 			if !f.inProcess {
 				exe, err := os.Executable()
 				if err != nil {
@@ -88,6 +101,9 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 			res, runErr := bench.Run(ctx, cfg)
 			if res == nil {
 				return runErr
+			}
+			if peer != nil {
+				res.Peer, res.Comparison = peer, res.Compare(peer)
 			}
 			if f.output == "json" {
 				if err := a.printJSON(res); err != nil {
@@ -120,14 +136,19 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.IntSliceVar(&f.blocked, "blocked", bench.DefaultBlocked, "blocked backlog sizes of (d), comma-separated")
 	fs.IntVar(&f.claims, "claims", bench.DefaultClaims, "claims timed per backlog size in (d)")
 	fs.IntVar(&f.claimMax, "claim-max", bench.DefaultClaimMax, "tasks per timed claim in (d)")
+	fs.IntVar(&f.slowTasks, "slow-tasks", bench.DefaultSlowTasks, "tasks of (e)")
+	fs.IntVar(&f.slowLimit, "slow-limit", bench.DefaultSlowLimit, "queue concurrency limit of (e)")
+	fs.DurationVar(&f.slowSleep, "slow-sleep", bench.DefaultSlowSleep, "how long each task of (e) sleeps")
 	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
-	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d")
+	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e")
 	fs.BoolVar(&f.quick, "quick", false, "CI-sized defaults: --tasks 20000 --duration 5s --blocked 10000,100000 --claims 1000 (flags given win)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run the worker in this process (over HTTP) instead of as a sluice worker process")
 	fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "bound on each scenario")
 	fs.StringVar(&f.out, "out", "", "Markdown file whose results section to write, e.g. docs/benchmarks.md")
 	fs.StringVarP(&f.output, "output", "o", "table", "output format: table (Markdown) or json")
-	fs.StringVar(&f.dir, "dir", "", "directory for the temporary databases (default the system's)")
+	fs.StringVar(&f.db, "db", "", "measure on this PostgreSQL (postgres://USER@HOST/DB; each scenario makes and drops a schema of its own); default SQLite")
+	fs.StringVar(&f.compareWith, "compare-with", "", "JSON result of bench/peers/river (-o json) on the same PostgreSQL: adds a table of ratios (make bench-compare)")
+	fs.StringVar(&f.dir, "dir", "", "directory for the temporary SQLite databases (default the system's)")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write CPU profiles of each throughput scenario to PREFIX-SCENARIO-{server,worker}.pprof")
 	_ = fs.MarkHidden("cpuprofile")
 	fs.StringSliceVar(&f.dropIndexes, "drop-index", nil, "experiment: drop these indexes from each scenario's database to measure their cost")
@@ -175,20 +196,22 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		Tasks: f.tasks, Slots: f.slots, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
-		Only: only, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
+		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep,
+		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
 	}
 	// Zero would mean "default" to bench.Config: reject it here.
 	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
-		"limit": f.limit, "keys": f.keys, "rate": f.rate, "claims": f.claims, "claim-max": f.claimMax} {
+		"limit": f.limit, "keys": f.keys, "rate": f.rate, "claims": f.claims, "claim-max": f.claimMax,
+		"slow-tasks": f.slowTasks, "slow-limit": f.slowLimit} {
 		if v < 1 {
 			return bench.Config{}, usagef("--%s: must be at least 1, got %d", name, v)
 		}
 	}
-	if f.duration <= 0 || f.timeout <= 0 {
-		return bench.Config{}, usagef("--duration and --timeout: must be > 0")
+	if f.duration <= 0 || f.timeout <= 0 || f.slowSleep <= 0 {
+		return bench.Config{}, usagef("--duration, --timeout and --slow-sleep: must be > 0")
 	}
 	if len(only) == 0 {
-		return bench.Config{}, usagef("--only: name at least one of a,b,c,d")
+		return bench.Config{}, usagef("--only: name at least one of a,b,c,d,e")
 	}
 	// bench.Config.Validate names the bad field as its flag, without dashes.
 	if err := cfg.WithDefaults().Validate(); err != nil {
@@ -203,7 +226,7 @@ func benchCommandLine(fs *pflag.FlagSet) string {
 	parts := []string{"sluice bench"}
 	fs.Visit(func(fl *pflag.Flag) {
 		switch fl.Name {
-		case "out", "output", "dir", "cpuprofile":
+		case "out", "output", "dir", "cpuprofile", "compare-with":
 			return
 		}
 		if fl.Value.Type() == "bool" {
@@ -211,6 +234,11 @@ func benchCommandLine(fs *pflag.FlagSet) string {
 			return
 		}
 		v := fl.Value.String()
+		if fl.Name == "db" {
+			if u, err := url.Parse(v); err == nil {
+				v = u.Redacted() // never a password in a report
+			}
+		}
 		if sv, ok := fl.Value.(pflag.SliceValue); ok {
 			v = strings.Join(sv.GetSlice(), ",")
 		}

@@ -147,6 +147,11 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"queues", "set", "q", "--concurrency-limit", "-3"}, "want a non-negative integer or none"},
 		{[]string{"queues", "-o", "yaml"}, "--output: want table or json"},
 		{[]string{"workers", "--server", "localhost:8080"}, "--server: want http:// or https:// URLs"},
+		{[]string{"bench", "--db", "mysql://x"}, `--db: want empty (SQLite) or a postgres:// URL`},
+		{[]string{"bench", "--db", "postgres://u:secret@h/db", "--slow-tasks", "0"}, "--slow-tasks: must be at least 1"},
+		{[]string{"bench", "--slow-sleep", "0s"}, "--slow-sleep: must be > 0"},
+		{[]string{"bench", "--only", "f"}, `--only: unknown scenario "f"`},
+		{[]string{"bench", "--compare-with", "/nonexistent/river.json"}, "--compare-with: open /nonexistent/river.json"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

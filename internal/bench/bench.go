@@ -28,10 +28,11 @@ const (
 	ScenarioLimited = "b" // (b) queue limit, and per-key limits
 	ScenarioLatency = "c" // (c) pick-up latency at a steady rate
 	ScenarioClaim   = "d" // (d) claim latency behind a blocked backlog
+	ScenarioSlow    = "e" // (e) a limited queue of slow tasks against the ideal
 )
 
 // AllScenarios lists the scenarios in the order Run runs them.
-var AllScenarios = []string{ScenarioNoop, ScenarioLimited, ScenarioLatency, ScenarioClaim}
+var AllScenarios = []string{ScenarioNoop, ScenarioLimited, ScenarioLatency, ScenarioClaim, ScenarioSlow}
 
 // Config configures a run. Zero fields take the documented defaults.
 type Config struct {
@@ -62,13 +63,23 @@ type Config struct {
 	Claims int
 	// ClaimMax is the Max of each timed claim of (d). Defaults to 10.
 	ClaimMax int
+	// SlowTasks, SlowLimit and SlowSleep shape (e): tasks of the built-in
+	// sleep kind, each sleeping SlowSleep, on a queue with concurrency
+	// limit SlowLimit. Default 1000, 5 and 10ms (ideal 2s).
+	SlowTasks int
+	SlowLimit int
+	SlowSleep time.Duration
 	// Bulk is how (d) writes its blocked backlog: TriggerMany calls or
 	// one SQL statement. BulkAuto (the zero value) uses SQL above 100000
 	// tasks.
 	Bulk BulkMode
 	// Only restricts the run to these scenarios. Empty means all.
 	Only []string
-	// Dir is where temporary databases go. Defaults to os.TempDir().
+	// DB is the database to measure on: empty for SQLite (a fresh file
+	// per scenario in Dir), or a PostgreSQL URL (postgres://…), on which
+	// each scenario creates a schema of its own and drops it at the end.
+	DB string
+	// Dir is where temporary SQLite databases go. Defaults to os.TempDir().
 	Dir string
 	// Worker starts the worker of scenarios (a) to (c). Defaults to
 	// InProcess: a sluice.Worker in this process, over HTTP.
@@ -130,6 +141,9 @@ const (
 	DefaultClaims       = 2000
 	DefaultClaimMax     = 10
 	DefaultTimeout      = 15 * time.Minute
+	DefaultSlowTasks    = 1000
+	DefaultSlowLimit    = 5
+	DefaultSlowSleep    = 10 * time.Millisecond
 )
 
 // DefaultBlocked and QuickBlocked are the backlog sizes of (d).
@@ -154,6 +168,11 @@ func (c Config) WithDefaults() Config {
 	def(&c.Rate, DefaultRate)
 	def(&c.Claims, DefaultClaims)
 	def(&c.ClaimMax, DefaultClaimMax)
+	def(&c.SlowTasks, DefaultSlowTasks)
+	def(&c.SlowLimit, DefaultSlowLimit)
+	if c.SlowSleep == 0 {
+		c.SlowSleep = DefaultSlowSleep
+	}
 	if c.Duration == 0 {
 		c.Duration = DefaultDuration
 	}
@@ -178,9 +197,16 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Postgres reports whether the run measures PostgreSQL.
+func (c Config) Postgres() bool {
+	return strings.HasPrefix(c.DB, "postgres://") || strings.HasPrefix(c.DB, "postgresql://")
+}
+
 // Validate names the first bad field (after WithDefaults).
 func (c Config) Validate() error {
 	switch {
+	case c.DB != "" && !c.Postgres():
+		return fmt.Errorf("db: want empty (SQLite) or a postgres:// URL, got %q", redact(c.DB))
 	case c.Tasks < 1:
 		return fmt.Errorf("tasks: must be ≥ 1, got %d", c.Tasks)
 	case c.Slots < 1 || c.Slots > 100000:
@@ -201,6 +227,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("claims: must be ≥ 1, got %d", c.Claims)
 	case c.ClaimMax < 1 || c.ClaimMax > 10000:
 		return fmt.Errorf("claim-max: must be between 1 and 10000, got %d", c.ClaimMax)
+	case c.SlowTasks < 1:
+		return fmt.Errorf("slow-tasks: must be ≥ 1, got %d", c.SlowTasks)
+	case c.SlowLimit < 1:
+		return fmt.Errorf("slow-limit: must be ≥ 1, got %d", c.SlowLimit)
+	case c.SlowSleep <= 0:
+		return fmt.Errorf("slow-sleep: must be > 0, got %s", c.SlowSleep)
 	case c.Timeout <= 0:
 		return fmt.Errorf("timeout: must be > 0, got %s", c.Timeout)
 	}
@@ -230,6 +262,9 @@ type Results struct {
 	LoadStart float64 `json:"load_start"`
 	LoadEnd   float64 `json:"load_end"`
 	Worker    string  `json:"worker"`
+	// Database the run measured: SQLite, or PostgreSQL with its version
+	// and durability settings.
+	Database string `json:"database"`
 	// Settings of the run that shape the numbers.
 	Slots      int `json:"slots"`
 	ClaimBatch int `json:"claim_batch"`
@@ -239,16 +274,22 @@ type Results struct {
 	Throughput []*ThroughputResult `json:"throughput,omitempty"`
 	Latency    *LatencyResult      `json:"latency,omitempty"`
 	Claim      []*ClaimResult      `json:"claim,omitempty"`
+	Slow       *SlowResult         `json:"slow,omitempty"`
 	// ClaimP50Ratio and ClaimP99Ratio compare the largest backlog of (d)
 	// to the smallest (1 = flat).
 	ClaimP50Ratio float64 `json:"claim_p50_ratio,omitempty"`
 	ClaimP99Ratio float64 `json:"claim_p99_ratio,omitempty"`
+
+	// Peer and Comparison are set by `sluice bench --compare-with`: another
+	// engine's result on the same PostgreSQL, measure by measure.
+	Peer       *Peer        `json:"peer,omitempty"`
+	Comparison []Comparison `json:"comparison,omitempty"`
 }
 
 // Run runs the scenarios of cfg.Only in order and returns what they
 // measured. A scenario that fails stops the run; the results so far are
 // returned with the error.
-func Run(ctx context.Context, cfg Config) (*Results, error) {
+func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -258,6 +299,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		Worker: cfg.Worker.String(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, DroppedIndexes: cfg.DropIndexes,
 	}
 	defer func() { res.LoadEnd = loadAvg() }()
+	if res.Database, err = describeDB(ctx, cfg); err != nil {
+		return nil, err
+	}
 	want := func(s string) bool { return slices.Contains(cfg.Only, s) }
 	var noop *ThroughputResult
 	if want(ScenarioNoop) {
@@ -299,6 +343,13 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			first, last := res.Claim[0], res.Claim[len(res.Claim)-1]
 			res.ClaimP50Ratio = ratio(last.P50, first.P50)
 			res.ClaimP99Ratio = ratio(last.P99, first.P99)
+		}
+	}
+	if want(ScenarioSlow) {
+		r, err := RunSlowLimited(ctx, cfg)
+		res.Slow = r
+		if err != nil {
+			return res, fmt.Errorf("(e) limited queue of slow tasks: %w", err)
 		}
 	}
 	return res, nil

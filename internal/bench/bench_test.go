@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store/pgtest"
 )
 
 // tiny is a configuration that runs every scenario in a few seconds: it
@@ -23,6 +24,7 @@ func tiny(t testing.TB, out io.Writer) Config {
 		Tasks: 300, Slots: 50, ClaimBatch: 20, EnqueueBatch: 100, Limit: 10, Keys: 30,
 		Rate: 200, Duration: 500 * time.Millisecond,
 		Blocked: []int{100, 300}, Claims: 10, ClaimMax: 5,
+		SlowTasks: 60, SlowLimit: 3, SlowSleep: 5 * time.Millisecond,
 		Dir: t.TempDir(), Timeout: time.Minute, Progress: out,
 	}
 }
@@ -47,7 +49,21 @@ func (s *syncBuffer) String() string {
 
 func TestHarness(t *testing.T) {
 	var out syncBuffer
+	checkHarness(t, tiny(t, &out), &out)
+}
+
+// TestHarnessPostgres runs every scenario on PostgreSQL, each in a schema
+// of its own that it drops.
+func TestHarnessPostgres(t *testing.T) {
+	var out syncBuffer
 	cfg := tiny(t, &out)
+	cfg.DB = pgtest.BaseURL(t)
+	res := checkHarness(t, cfg, &out)
+	require.Contains(t, res.Database, "PostgreSQL")
+	require.Contains(t, res.Markdown(""), "- Database: PostgreSQL")
+}
+
+func checkHarness(t *testing.T, cfg Config, out *syncBuffer) *Results {
 	res, err := Run(context.Background(), cfg)
 	require.NoError(t, err, out.String())
 
@@ -59,10 +75,12 @@ func TestHarness(t *testing.T) {
 		case Noop:
 			require.LessOrEqual(t, r.MaxRunning, cfg.Slots)
 		case Limited:
-			require.LessOrEqual(t, r.MaxHeld, cfg.Limit, "queue limit exceeded")
+			require.LessOrEqual(t, r.MaxRunning, cfg.Limit, "queue limit exceeded")
+			require.Positive(t, r.MaxRunning)
 			require.Positive(t, r.PercentOfNoop)
 		case Keyed:
-			require.LessOrEqual(t, r.MaxHeldPerKey, 1, "key limit exceeded")
+			require.Equal(t, 1, r.MaxRunningPerKey, "key limit exceeded")
+			require.Greater(t, r.MaxRunning, 1, "keys ran in parallel")
 		}
 	}
 	require.NotNil(t, res.Latency)
@@ -77,10 +95,82 @@ func TestHarness(t *testing.T) {
 	}
 	require.Positive(t, res.ClaimP50Ratio)
 
+	require.Positive(t, float64(res.Latency.VisibleP50), "completion visibility measured")
+	require.LessOrEqual(t, res.Latency.VisibleP50, res.Latency.VisibleP99)
+	require.LessOrEqual(t, res.Latency.P50, res.Latency.EndToEndVisibleP50, "visible after it started")
+
+	require.NotNil(t, res.Slow)
+	require.Equal(t, 60, res.Slow.Tasks)
+	require.InDelta(t, 0.1, res.Slow.IdealSeconds, 1e-9) // 60 × 5ms / 3
+	require.Positive(t, res.Slow.MaxConcurrent)
+	require.LessOrEqual(t, res.Slow.MaxConcurrent, 3, "queue limit exceeded")
+	require.Positive(t, res.Slow.PercentOfIdeal)
+	require.LessOrEqual(t, res.Slow.PercentOfIdeal, 100.0, "faster than the limit allows")
+
 	md := res.Markdown("sluice bench --quick")
-	for _, want := range []string{"(a) unbounded", "(b) queue limit 10", "(b) 30 keys", "(c) pick-up latency", "(d) claim of 5, 300 tasks blocked"} {
+	for _, want := range []string{"(a) unbounded", "(b) queue limit 10", "(b) 30 keys", "(c) pick-up latency", "(c) completion visible",
+		"(d) claim of 5, 300 tasks blocked", "(e) 60 tasks of 5 ms under queue limit 3"} {
 		require.Contains(t, md, want)
 	}
+	return res
+}
+
+// Compare lines up measures with a peer's, ratios above 1 meaning sluice
+// did better, and renders them.
+func TestCompare(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	peer := &Peer{System: "river", Version: "v0.51.1", NoopTasksPerSecVis: f(5000), LimitedWorkers: 5, LimitedPctOfIdeal: f(50),
+		StartP50: f(10), StartP99: f(100), CompleteVisibleP50: f(120), CompleteVisibleP99: f(300), EndToEndVisibleP50: f(150), EndToEndVisibleP99: f(350)}
+	res := &Results{
+		Throughput: []*ThroughputResult{{Shape: Noop, TasksPerSec: 10000}, {Shape: Limited, Limit: 100, TasksPerSec: 4000}, {Shape: Keyed, Keys: 1000, TasksPerSec: 6000}},
+		Slow:       &SlowResult{Tasks: 1000, Limit: 5, SleepMS: 10, PercentOfIdeal: 96},
+		Latency:    &LatencyResult{Rate: 500, P50: 2, P99: 30, VisibleP50: 3, VisibleP99: 12, EndToEndVisibleP50: 6, EndToEndVisibleP99: 40},
+	}
+	cs := res.Compare(peer)
+	require.Len(t, cs, 10)
+	byPrefix := func(p string) Comparison {
+		for _, c := range cs {
+			if strings.HasPrefix(c.Measure, p) {
+				return c
+			}
+		}
+		t.Fatalf("no measure %q", p)
+		return Comparison{}
+	}
+	require.InDelta(t, 2.0, byPrefix("no-op").Ratio, 1e-9)
+	lim := byPrefix("throughput with limits on: sluice queue limit")
+	require.InDelta(t, 0.8, lim.Ratio, 1e-9)
+	require.False(t, *lim.Met, "4000 < 5000")
+	require.True(t, *byPrefix("throughput with limits on: sluice 1000 keys").Met)
+	slow := byPrefix("limited queue")
+	require.InDelta(t, 1.92, slow.Ratio, 1e-9)
+	require.True(t, *slow.Met)
+	require.InDelta(t, 5.0, byPrefix("start latency p50").Ratio, 1e-9)
+	require.False(t, *byPrefix("start latency p99").Met, "30 ms ≥ 25 ms")
+	require.InDelta(t, 40.0, byPrefix("completion visible p50").Ratio, 1e-9)
+
+	md := CompareMarkdown(peer, cs)
+	require.Contains(t, md, "sluice against river v0.51.1")
+	require.Contains(t, md, "| × 2.00 |")
+	require.Contains(t, md, "**no**")
+
+	// A workload the peer did not run is left out.
+	require.Len(t, res.Compare(&Peer{System: "river"}), 0)
+}
+
+func TestLoadPeer(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/river.json"
+	require.NoError(t, os.WriteFile(good, []byte(`{"system":"river","version":"v1","noop_tasks_per_sec_visible":123}`), 0o644))
+	p, err := LoadPeer(good)
+	require.NoError(t, err)
+	require.Equal(t, 123.0, *p.NoopTasksPerSecVis)
+	bad := dir + "/bad.json"
+	require.NoError(t, os.WriteFile(bad, []byte(`{"noop":1}`), 0o644))
+	_, err = LoadPeer(bad)
+	require.ErrorContains(t, err, "not a peer bench result")
+	_, err = LoadPeer(dir + "/missing.json")
+	require.Error(t, err)
 }
 
 // The bulk SQL insert of (d) must leave the store's counters as
@@ -90,6 +180,16 @@ func TestBulkInsertKeepsCounters(t *testing.T) {
 	cfg.Bulk = BulkSQL
 	cfg.Claims = 5
 	r, err := RunClaimBlocked(context.Background(), cfg, 1000) // checks the counters after the setup
+	require.NoError(t, err)
+	require.Equal(t, "sql", r.InsertMethod)
+}
+
+func TestBulkInsertKeepsCountersPostgres(t *testing.T) {
+	cfg := tiny(t, io.Discard)
+	cfg.DB = pgtest.BaseURL(t)
+	cfg.Bulk = BulkSQL
+	cfg.Claims = 5
+	r, err := RunClaimBlocked(context.Background(), cfg, 1000)
 	require.NoError(t, err)
 	require.Equal(t, "sql", r.InsertMethod)
 }
@@ -223,4 +323,11 @@ func benchEngineCycle(b *testing.B, shape Shape) {
 		}
 		done += len(res.Tasks)
 	}
+}
+
+func TestMaxOverlap(t *testing.T) {
+	require.Zero(t, maxOverlap(nil))
+	require.Equal(t, 1, maxOverlap([]span{{0, 10}, {10, 20}}), "back to back: the slot passed on")
+	require.Equal(t, 2, maxOverlap([]span{{0, 10}, {9, 20}}))
+	require.Equal(t, 3, maxOverlap([]span{{0, 100}, {10, 20}, {15, 30}, {25, 40}, {50, 60}}))
 }

@@ -208,7 +208,7 @@ func (s *blockedSetup) claimOne(ctx context.Context) (claim, complete time.Durat
 // the rest queued: the measure is void otherwise.
 func (s *blockedSetup) checkHot(ctx context.Context) error {
 	var running, queued int
-	err := s.db.QueryRowContext(ctx, `SELECT coalesce(sum(state = 'running'), 0), coalesce(sum(state = 'queued'), 0) FROM tasks WHERE queue = ?`, hotQueue).
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT count(*) FILTER (WHERE state = 'running'), count(*) FILTER (WHERE state = 'queued') FROM tasks WHERE queue = ?`), hotQueue).
 		Scan(&running, &queued)
 	if err != nil {
 		return err
@@ -232,13 +232,18 @@ func (e *env) bulkQueued(ctx context.Context, queue, key string, n int) error {
 	}
 	defer func() { _ = tx.Rollback() }()
 	var sq int64
-	if err := tx.QueryRowContext(ctx, `SELECT id FROM subqueues WHERE queue = ? AND ckey = ?`, queue, key).Scan(&sq); err != nil {
+	if err := tx.QueryRowContext(ctx, e.q(`SELECT id FROM subqueues WHERE queue = ? AND ckey = ?`), queue, key).Scan(&sq); err != nil {
 		return fmt.Errorf("sub-queue %s/%s: %w", queue, key, err)
 	}
 	now := time.Now().UnixMicro()
-	if _, err := tx.ExecContext(ctx, `WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?)
+	insert := `WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?)
 		INSERT INTO tasks (kind, queue, ckey, sq, priority, state, max_attempts, input, timeout_us, run_at, created_at, rank)
-		SELECT 'echo', ?, ?, ?, 0, 'queued', 1, CAST('null' AS BLOB), 0, ?, ?, 0 FROM s`, n, queue, key, sq, now, now); err != nil {
+		SELECT 'echo', ?, ?, ?, 0, 'queued', 1, CAST('null' AS BLOB), 0, ?, ?, 0 FROM s`
+	if e.postgres {
+		insert = `INSERT INTO tasks (kind, queue, ckey, sq, priority, state, max_attempts, input, timeout_us, run_at, created_at, rank)
+		SELECT 'echo', $2, $3, $4, 0, 'queued', 1, CAST('null' AS BYTEA), 0, $5, $6, 0 FROM generate_series(1, $1::int)`
+	}
+	if _, err := tx.ExecContext(ctx, insert, n, queue, key, sq, now, now); err != nil {
 		return fmt.Errorf("inserting: %w", err)
 	}
 	for _, q := range []struct {
@@ -249,7 +254,7 @@ func (e *env) bulkQueued(ctx context.Context, queue, key string, n int) error {
 		{`UPDATE queues SET active = active + ? WHERE name = ?`, []any{n, queue}},
 		{`UPDATE env SET active = active + ? WHERE id = 1`, []any{n}},
 	} {
-		if _, err := tx.ExecContext(ctx, q.sql, q.args...); err != nil {
+		if _, err := tx.ExecContext(ctx, e.q(q.sql), q.args...); err != nil {
 			return fmt.Errorf("counters: %w", err)
 		}
 	}

@@ -2,16 +2,20 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // driver "sqlite", as the store uses
+	_ "github.com/jackc/pgx/v5/stdlib" // driver "pgx", for the side connection to PostgreSQL
+	_ "modernc.org/sqlite"             // driver "sqlite", as the store uses
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/engine"
@@ -19,17 +23,23 @@ import (
 )
 
 // env is one scenario's server: in-process, on 127.0.0.1:0, with a fresh
-// SQLite file, plus a side connection to the file for reading results (and
-// the bulk insert of (d)).
+// database (a SQLite file in a temporary directory, or a new schema of the
+// PostgreSQL database of Config.DB), plus a side connection to it for
+// reading results (and the bulk insert of (d)). The side connection reads
+// the same tables on both stores; q rewrites its placeholders.
 type env struct {
 	dir    string
 	dbPath string
-	srv    *server.Server
-	eng    *engine.Engine
-	url    string
-	db     *sql.DB
-	cancel context.CancelFunc
-	served chan error
+	// postgres is set on PostgreSQL: base is Config.DB, schema the
+	// scenario's own, dropped at close.
+	postgres     bool
+	base, schema string
+	srv          *server.Server
+	eng          *engine.Engine
+	url          string
+	db           *sql.DB
+	cancel       context.CancelFunc
+	served       chan error
 }
 
 // envOptions are per-scenario server settings.
@@ -39,19 +49,39 @@ type envOptions struct {
 }
 
 func newEnv(ctx context.Context, cfg *Config, name string, o envOptions) (_ *env, err error) {
-	dir, err := os.MkdirTemp(cfg.Dir, "sluice-bench-"+name+"-")
-	if err != nil {
-		return nil, fmt.Errorf("temporary directory: %w", err)
-	}
-	e := &env{dir: dir, dbPath: filepath.Join(dir, "bench.db"), served: make(chan error, 1)}
+	e := &env{served: make(chan error, 1)}
 	defer func() {
 		if err != nil {
 			e.close()
 		}
 	}()
+	var dbURL string
+	if cfg.Postgres() {
+		e.postgres, e.base = true, cfg.DB
+		e.schema = "sluice_bench_" + name + "_" + strings.ToLower(rand.Text()[:8])
+		if dbURL, err = withSearchPath(cfg.DB, e.schema); err != nil {
+			return nil, err
+		}
+		if err := execOnce(ctx, cfg.DB, `CREATE SCHEMA `+e.schema); err != nil {
+			e.schema = "" // nothing to drop
+			return nil, fmt.Errorf("creating schema: %w", err)
+		}
+		e.db, err = sql.Open("pgx", dbURL)
+	} else {
+		if e.dir, err = os.MkdirTemp(cfg.Dir, "sluice-bench-"+name+"-"); err != nil {
+			return nil, fmt.Errorf("temporary directory: %w", err)
+		}
+		e.dbPath = filepath.Join(e.dir, "bench.db")
+		dbURL = "sqlite:" + e.dbPath
+		e.db, err = sql.Open("sqlite", "file:"+e.dbPath+"?_pragma=busy_timeout(30000)")
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.db.SetMaxOpenConns(2)
 	e.srv, err = server.Open(ctx, server.Config{
 		Addr:         "127.0.0.1:0",
-		DB:           "sqlite:" + e.dbPath,
+		DB:           dbURL,
 		AuthDisabled: true,
 		Lease:        o.lease,
 		Logger:       cfg.Logger,
@@ -75,11 +105,6 @@ func newEnv(ctx context.Context, cfg *Config, name string, o envOptions) (_ *env
 	case <-time.After(10 * time.Second):
 		return nil, errors.New("server did not start listening in 10s")
 	}
-	e.db, err = sql.Open("sqlite", "file:"+e.dbPath+"?_pragma=busy_timeout(30000)")
-	if err != nil {
-		return nil, err
-	}
-	e.db.SetMaxOpenConns(1)
 	// An experiment, never a default: measure what an index costs.
 	for _, ix := range cfg.DropIndexes {
 		if _, err := e.db.ExecContext(ctx, `DROP INDEX "`+strings.ReplaceAll(ix, `"`, `""`)+`"`); err != nil {
@@ -109,21 +134,76 @@ func (e *env) close() error {
 		errs = append(errs, e.srv.Close(ctx))
 		cancel()
 	}
-	errs = append(errs, os.RemoveAll(e.dir))
+	if e.dir != "" {
+		errs = append(errs, os.RemoveAll(e.dir))
+	}
+	if e.schema != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		errs = append(errs, execOnce(ctx, e.base, `DROP SCHEMA `+e.schema+` CASCADE`))
+		cancel()
+	}
 	return errors.Join(errs...)
+}
+
+// q rewrites a query written with ? placeholders for the side
+// connection's database: $1, $2, … on PostgreSQL.
+func (e *env) q(query string) string {
+	if !e.postgres {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, c := range query {
+		if c == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// execOnce runs one statement on a connection of its own to dbURL.
+func execOnce(ctx context.Context, dbURL, stmt string) error {
+	db, err := sql.Open("pgx", dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, stmt)
+	return err
+}
+
+// withSearchPath returns the PostgreSQL URL base with search_path set to
+// schema (the store then creates its tables there).
+func withSearchPath(base, schema string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("db: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // enqueue pre-enqueues n tasks of kind echo on queue, batch per
 // Engine.TriggerMany call; key(i), when not nil, is task i's concurrency key. It
 // returns how long it took.
 func (e *env) enqueue(ctx context.Context, cfg *Config, queue string, n int, key func(i int) string) (time.Duration, error) {
+	return e.enqueueTasks(ctx, cfg, sluice.TriggerParams{Kind: "echo", Queue: queue, MaxAttempts: 1}, n, key)
+}
+
+// enqueueTasks pre-enqueues n copies of tmpl, as enqueue does.
+func (e *env) enqueueTasks(ctx context.Context, cfg *Config, tmpl sluice.TriggerParams, n int, key func(i int) string) (time.Duration, error) {
 	start := time.Now()
 	last := start
 	batch := make([]sluice.TriggerParams, 0, min(n, cfg.EnqueueBatch))
 	for i := 0; i < n; {
 		batch = batch[:0]
 		for ; i < n && len(batch) < cfg.EnqueueBatch; i++ {
-			p := sluice.TriggerParams{Kind: "echo", Queue: queue, MaxAttempts: 1}
+			p := tmpl
 			if key != nil {
 				p.ConcurrencyKey = key(i)
 			}
@@ -140,11 +220,19 @@ func (e *env) enqueue(ctx context.Context, cfg *Config, queue string, n int, key
 	return time.Since(start), nil
 }
 
-// checkpoint copies the write-ahead log into the database file and
-// empties it, so that a measure does not pay for the setup's writes: a
-// server that built up the same backlog over time would have
-// checkpointed it as it went.
+// checkpoint settles the database after a setup, so that a measure does
+// not pay for the setup's writes: a server that built up the same backlog
+// over time would have done this as it went. On SQLite it copies the
+// write-ahead log into the database file and empties it; on PostgreSQL it
+// runs VACUUM ANALYZE on the tasks (autovacuum's work; River's bench does
+// the same to its job table).
 func (e *env) checkpoint(ctx context.Context) error {
+	if e.postgres {
+		if _, err := e.db.ExecContext(ctx, `VACUUM ANALYZE tasks`); err != nil {
+			return fmt.Errorf("vacuum analyze: %w", err)
+		}
+		return nil
+	}
 	// A busy result (a background transaction in the way) leaves part of
 	// the log for the server's own checkpoints: not worth failing over.
 	var busy, frames, done int
@@ -158,7 +246,7 @@ func (e *env) checkpoint(ctx context.Context) error {
 // keeps, so reading it is cheap however many tasks there are).
 func (e *env) active(ctx context.Context, queue string) (int64, error) {
 	var n int64
-	err := e.db.QueryRowContext(ctx, `SELECT active FROM queues WHERE name = ?`, queue).Scan(&n)
+	err := e.db.QueryRowContext(ctx, e.q(`SELECT active FROM queues WHERE name = ?`), queue).Scan(&n)
 	return n, err
 }
 
@@ -212,4 +300,33 @@ func profile(path string) (stop func() error, err error) {
 		pprof.StopCPUProfile()
 		return f.Close()
 	}, nil
+}
+
+// redact returns a database URL with any password replaced, for errors.
+func redact(db string) string {
+	u, err := url.Parse(db)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// describeDB names the database of a run: "SQLite", or PostgreSQL's
+// version and the settings that decide what a commit costs.
+func describeDB(ctx context.Context, cfg Config) (string, error) {
+	if !cfg.Postgres() {
+		return "SQLite (modernc.org/sqlite, WAL, synchronous=NORMAL), a fresh file per scenario", nil
+	}
+	db, err := sql.Open("pgx", cfg.DB)
+	if err != nil {
+		return "", fmt.Errorf("db: %w", err)
+	}
+	defer db.Close()
+	var version, fsync, syncCommit, buffers string
+	err = db.QueryRowContext(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
+		current_setting('synchronous_commit'), current_setting('shared_buffers')`).Scan(&version, &fsync, &syncCommit, &buffers)
+	if err != nil {
+		return "", fmt.Errorf("db: connecting to %s: %w", redact(cfg.DB), err)
+	}
+	return fmt.Sprintf("PostgreSQL %s (fsync %s, synchronous_commit %s, shared_buffers %s), a fresh schema per scenario", version, fsync, syncCommit, buffers), nil
 }

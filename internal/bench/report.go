@@ -69,6 +69,8 @@ const (
 	TargetPickupP50      = 5  // ms
 	TargetPickupP99      = 25 // ms
 	TargetClaimFlatRatio = 1.5
+	TargetVisibleP50     = 20 // ms
+	TargetPercentOfIdeal = 95
 )
 
 func met(ok bool) string {
@@ -105,6 +107,9 @@ func (r *Results) Markdown(command string) string {
 	if r.LoadStart >= 0 && r.LoadEnd >= 0 {
 		p("- Load average (1 min) at start and end: %.2f, %.2f (the machine is shared; see *Reading the numbers*)\n", r.LoadStart, r.LoadEnd)
 	}
+	if r.Database != "" {
+		p("- Database: %s\n", r.Database)
+	}
 	p("- Worker: %s, %d slots, claim batch %d\n", r.Worker, r.Slots, r.ClaimBatch)
 	if len(r.DroppedIndexes) > 0 {
 		p("- **Experiment: indexes dropped from the schema: %s** (not the shipped schema)\n", strings.Join(r.DroppedIndexes, ", "))
@@ -132,6 +137,8 @@ func (r *Results) Markdown(command string) string {
 		p("| (c) pick-up latency at %d tasks/s for %.0fs | p50 %.2f ms, p99 %.2f ms | p50 < %d ms, p99 < %d ms | %s |\n",
 			l.Rate, l.Duration, l.P50, l.P99, TargetPickupP50, TargetPickupP99,
 			met(float64(l.P50) < TargetPickupP50 && float64(l.P99) < TargetPickupP99))
+		p("| (c) completion visible (handler return → seen succeeded by another session) | p50 %.2f ms, p99 %.2f ms | p50 < %d ms | %s |\n",
+			l.VisibleP50, l.VisibleP99, TargetVisibleP50, met(float64(l.VisibleP50) < TargetVisibleP50))
 	}
 	for i, c := range r.Claim {
 		target, ok := "—", ""
@@ -145,15 +152,17 @@ func (r *Results) Markdown(command string) string {
 		}
 		p("| (d) claim of %d, %s tasks blocked | %s | %s | %s |\n", c.Max, thousands(float64(c.Blocked)), res, target, ok)
 	}
+	if sl := r.Slow; sl != nil {
+		p("| (e) %s tasks of %.0f ms under queue limit %d | %.2f s against an ideal %.2f s = %.1f%% of ideal (at most %d at once) | ≥ %d%% of ideal | %s |\n",
+			thousands(float64(sl.Tasks)), sl.SleepMS, sl.Limit, sl.Seconds, sl.IdealSeconds, sl.PercentOfIdeal, sl.MaxConcurrent,
+			TargetPercentOfIdeal, met(sl.PercentOfIdeal >= TargetPercentOfIdeal && sl.MaxConcurrent <= sl.Limit))
+	}
 
 	if len(r.Throughput) > 0 {
 		p("\nThroughput details (times as the server recorded them):\n\n")
-		p("| Scenario | Tasks | Enqueue (Engine.TriggerMany) | First start → last finish | Tasks/s | Wall (worker start → drained) | CPU µs/task server / worker | Tasks per claim / complete | Max running / holding a slot (per key), sampled |\n|---|---|---|---|---|---|---|---|---|\n")
+		p("| Scenario | Tasks | Enqueue (Engine.TriggerMany) | First start → last finish | Tasks/s | Wall (worker start → drained) | CPU µs/task server / worker | Tasks per claim / complete | Most running at once (of one key), exact |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, t := range r.Throughput {
-			held := fmt.Sprintf("%d / %d (%d)", t.MaxRunning, t.MaxHeld, t.MaxHeldPerKey)
-			if t.Shape == Noop {
-				held = fmt.Sprintf("%d / — (—)", t.MaxRunning) // not sampled: every waiting task is ready
-			}
+			held := fmt.Sprintf("%d (%d)", t.MaxRunning, t.MaxRunningPerKey)
 			p("| %s | %s | %.2f s (%s/s) | %.2f s | %s | %.2f s | %.0f / %.0f | %.0f / %.0f | %s |\n", t.Label, thousands(float64(t.Tasks)),
 				t.EnqueueSeconds, thousands(t.EnqueuePerSec), t.Seconds, thousands(t.TasksPerSec), t.WallSeconds,
 				t.ServerCPUPerTask, t.WorkerCPUPerTask, perBatch(t.Tasks, t.Claims), perBatch(t.Tasks, t.Completes), held)
@@ -161,8 +170,9 @@ func (r *Results) Markdown(command string) string {
 	}
 	if l := r.Latency; l != nil {
 		p("\nPick-up latency details: %d tasks triggered at %.0f/s achieved; created → started p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms; "+
-			"created → finished p50 %.2f ms, p99 %.2f ms; Client.Trigger round trip p50 %.2f ms, p99 %.2f ms.\n",
-			l.Triggered, l.AchievedRate, l.P50, l.P90, l.P99, l.Max, l.EndToEndP50, l.EndToEndP99, l.TriggerP50, l.TriggerP99)
+			"created → finished p50 %.2f ms, p99 %.2f ms; created → visible p50 %.2f ms, p99 %.2f ms (polled every %.0f ms); Client.Trigger round trip p50 %.2f ms, p99 %.2f ms.\n",
+			l.Triggered, l.AchievedRate, l.P50, l.P90, l.P99, l.Max, l.EndToEndP50, l.EndToEndP99,
+			l.EndToEndVisibleP50, l.EndToEndVisibleP99, l.VisibilityPoll, l.TriggerP50, l.TriggerP99)
 	}
 	if len(r.Claim) > 0 {
 		p("\nClaim latency details (Engine.Claim, Wait 0, no HTTP):\n\n")
@@ -171,6 +181,9 @@ func (r *Results) Markdown(command string) string {
 			p("| %s | %.2f s by %s (%s/s) | %d × %d | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms |\n", thousands(float64(c.Blocked)),
 				c.InsertSeconds, c.InsertMethod, thousands(c.InsertPerSec), c.Claims, c.Max, c.P50, c.P99, c.Mean, c.CompleteP50, c.CompleteP99)
 		}
+	}
+	if r.Peer != nil && len(r.Comparison) > 0 {
+		p("\n%s", CompareMarkdown(r.Peer, r.Comparison))
 	}
 	return b.String()
 }

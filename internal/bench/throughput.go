@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"time"
@@ -58,16 +57,13 @@ type ThroughputResult struct {
 	Completes int `json:"completes"`
 	// PercentOfNoop compares (b) to (a) of the same run.
 	PercentOfNoop float64 `json:"percent_of_noop,omitempty"`
-	// MaxHeld is the most tasks of a limited queue holding a slot (ready
-	// or running) at once, and MaxHeldPerKey the most of one concurrency
-	// key, as seen by sampling the task rows every 100ms: a check that the
-	// limits held (sampling can miss a peak, never invent one). Not
-	// sampled for the unbounded queue, where every waiting task is ready.
-	MaxHeld       int `json:"max_held,omitempty"`
-	MaxHeldPerKey int `json:"max_held_per_key,omitempty"`
-	// MaxRunning is the most tasks of the queue running (claimed) at
-	// once, sampled likewise: bounded by the worker's slots.
-	MaxRunning int `json:"max_running"`
+	// MaxRunning is the most attempts of the queue that overlapped, and
+	// MaxRunningPerKey the most of one concurrency key: computed exactly
+	// after the run from every task's recorded [start, finish) interval,
+	// so nothing reads the database while the measure runs. They check
+	// the limits held (and the worker's slots bound MaxRunning).
+	MaxRunning       int `json:"max_running"`
+	MaxRunningPerKey int `json:"max_running_per_key"`
 }
 
 func (s Shape) label(cfg *Config) string {
@@ -143,9 +139,7 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 		_ = stopProfile()
 		return nil, err
 	}
-	sampler := e.sampleHeld(ctx, queue, shape != Noop)
 	done, err := e.waitDrained(ctx, &cfg, queue, int64(cfg.Tasks), deadline)
-	r.MaxHeld, r.MaxHeldPerKey, r.MaxRunning = sampler.stop()
 	r.ServerCPUPerTask = float64((processCPU() - cpu0).Microseconds()) / float64(cfg.Tasks)
 	if cfg.measuring != nil {
 		cfg.measuring(false)
@@ -167,9 +161,12 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 	if err := r.readBack(ctx, e, queue); err != nil {
 		return nil, err
 	}
-	cfg.progress("  %s: %.0f tasks/s (%d tasks in %.2fs first start → last finish; wall %.2fs); CPU µs/task server %.0f worker %.0f; %.0f tasks/claim, %.0f/complete; max held %d, per key %d, running %d",
+	cfg.progress("  %s: %.0f tasks/s (%d tasks in %.2fs first start → last finish; wall %.2fs); CPU µs/task server %.0f worker %.0f; %.0f tasks/claim, %.0f/complete; at most %d running at once, %d of one key",
 		r.Label, r.TasksPerSec, r.Tasks, r.Seconds, r.WallSeconds, r.ServerCPUPerTask, r.WorkerCPUPerTask,
-		float64(r.Tasks)/float64(max(r.Claims, 1)), float64(r.Tasks)/float64(max(r.Completes, 1)), r.MaxHeld, r.MaxHeldPerKey, r.MaxRunning)
+		float64(r.Tasks)/float64(max(r.Claims, 1)), float64(r.Tasks)/float64(max(r.Completes, 1)), r.MaxRunning, r.MaxRunningPerKey)
+	if r.Limit > 0 && r.MaxRunningPerKey > r.Limit {
+		return r, fmt.Errorf("limit %d exceeded: %d attempts of one key overlapped", r.Limit, r.MaxRunningPerKey)
+	}
 	return r, nil
 }
 
@@ -177,9 +174,9 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 // succeeded once.
 func (r *ThroughputResult) readBack(ctx context.Context, e *env, queue string) error {
 	var ok, first, last, retried int64
-	err := e.db.QueryRowContext(ctx, `SELECT count(*), coalesce(min(started_at), 0), coalesce(max(finished_at), 0),
-		coalesce(sum(attempt <> 1), 0), count(DISTINCT started_at), count(DISTINCT finished_at)
-		FROM tasks WHERE queue = ? AND state = 'succeeded'`, queue).Scan(&ok, &first, &last, &retried, &r.Claims, &r.Completes)
+	err := e.db.QueryRowContext(ctx, e.q(`SELECT count(*), coalesce(min(started_at), 0), coalesce(max(finished_at), 0),
+		count(*) FILTER (WHERE attempt <> 1), count(DISTINCT started_at), count(DISTINCT finished_at)
+		FROM tasks WHERE queue = ? AND state = 'succeeded'`), queue).Scan(&ok, &first, &last, &retried, &r.Claims, &r.Completes)
 	if err != nil {
 		return fmt.Errorf("reading results: %w", err)
 	}
@@ -190,56 +187,28 @@ func (r *ThroughputResult) readBack(ctx context.Context, e *env, queue string) e
 	if r.Seconds > 0 {
 		r.TasksPerSec = float64(r.Tasks) / r.Seconds
 	}
-	return nil
-}
-
-// heldSampler samples how many tasks of a queue hold slots.
-type heldSampler struct {
-	cancel                 context.CancelFunc
-	done                   chan struct{}
-	total, perKey, running int
-}
-
-// sampleHeld samples the queue's running tasks every 100ms until stop,
-// and with held also its tasks holding a slot, in total and per
-// concurrency key. Each sample reads at most the tasks holding slots (the
-// limits bound them) through the (queue, state) index: it must not cost
-// the server much CPU. Without held it reads only the running tasks (the
-// worker's slots bound them): in an unbounded queue all waiting tasks are
-// ready.
-func (e *env) sampleHeld(ctx context.Context, queue string, held bool) *heldSampler {
-	ctx, cancel := context.WithCancel(ctx)
-	h := &heldSampler{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(h.done)
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			var total, perKey, running sql.NullInt64
-			var err error
-			if held {
-				// One statement: the numbers come from one snapshot.
-				err = e.db.QueryRowContext(ctx, `SELECT sum(n), max(n), sum(r) FROM (SELECT count(*) AS n, sum(state = 'running') AS r
-					FROM tasks WHERE queue = ? AND state IN ('ready', 'running') GROUP BY ckey)`, queue).Scan(&total, &perKey, &running)
-			} else {
-				err = e.db.QueryRowContext(ctx, `SELECT count(*) FROM tasks WHERE queue = ? AND state = 'running'`, queue).Scan(&running)
-			}
-			if err == nil {
-				h.total, h.perKey = max(h.total, int(total.Int64)), max(h.perKey, int(perKey.Int64))
-				h.running = max(h.running, int(running.Int64))
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+	spans := map[string][]span{}
+	var all []span
+	rows, err := e.db.QueryContext(ctx, e.q(`SELECT ckey, started_at, finished_at FROM tasks WHERE queue = ? AND state = 'succeeded'`), queue)
+	if err != nil {
+		return fmt.Errorf("reading results: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key string
+		var s span
+		if err := rows.Scan(&key, &s.start, &s.finish); err != nil {
+			return err
 		}
-	}()
-	return h
-}
-
-func (h *heldSampler) stop() (total, perKey, running int) {
-	h.cancel()
-	<-h.done
-	return h.total, h.perKey, h.running
+		spans[key] = append(spans[key], s)
+		all = append(all, s)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	r.MaxRunning = maxOverlap(all)
+	for _, ss := range spans {
+		r.MaxRunningPerKey = max(r.MaxRunningPerKey, maxOverlap(ss))
+	}
+	return nil
 }

@@ -23,16 +23,26 @@ type WorkerSpec struct {
 	URL        string
 	Slots      int
 	ClaimBatch int
+	// Kinds the worker handles, of the built-in ones; default echo.
+	Kinds []string
 	// CPUProfile, when set and the worker is a process, is where it
 	// writes its CPU profile.
 	CPUProfile string
+}
+
+func (s WorkerSpec) kinds() []string {
+	if len(s.Kinds) == 0 {
+		return []string{"echo"}
+	}
+	return s.Kinds
 }
 
 // StopFunc stops a worker; see WorkerStarter.
 type StopFunc func() (cpu time.Duration, err error)
 
 // A WorkerStarter starts the worker of a scenario: one worker that
-// handles the echo kind and talks to the server over HTTP.
+// handles the spec's built-in kinds (echo by default) and talks to the
+// server over HTTP.
 type WorkerStarter interface {
 	// Start starts a worker; stop shuts it down gracefully, waits, and
 	// returns the CPU time the worker used when it is a process (0 when
@@ -52,22 +62,36 @@ type inProcess struct{ log *slog.Logger }
 func (inProcess) String() string { return "in-process sluice.Worker over HTTP" }
 
 func (w inProcess) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
+	builtins := kinds.Builtins(kinds.Options{})
+	handlers := map[string]sluice.HandlerFunc{}
+	for _, k := range spec.kinds() {
+		handlers[k] = builtins[k]
+	}
+	stop := runInProcess(ctx, spec, w.log, handlers)
+	return func() (time.Duration, error) { return 0, stop() }, nil
+}
+
+// runInProcess runs a sluice.Worker with handlers in this process, over
+// HTTP, and returns the function that stops it gracefully.
+func runInProcess(ctx context.Context, spec WorkerSpec, log *slog.Logger, handlers map[string]sluice.HandlerFunc) (stop func() error) {
 	wk := sluice.NewWorker(sluice.NewClient(spec.URL), sluice.WorkerConfig{
-		Name: "bench", Slots: spec.Slots, ClaimBatch: spec.ClaimBatch, ShutdownTimeout: 10 * time.Second, Logger: w.log,
+		Name: "bench", Slots: spec.Slots, ClaimBatch: spec.ClaimBatch, ShutdownTimeout: 10 * time.Second, Logger: log,
 	})
-	wk.Register("echo", kinds.Builtins(kinds.Options{})["echo"])
+	for k, h := range handlers {
+		wk.Register(k, h)
+	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
 	go func() { done <- wk.Run(wctx) }()
-	return func() (time.Duration, error) {
+	return func() error {
 		cancel()
 		select {
 		case err := <-done:
-			return 0, err
+			return err
 		case <-time.After(30 * time.Second):
-			return 0, errors.New("in-process worker did not stop in 30s")
+			return errors.New("in-process worker did not stop in 30s")
 		}
-	}, nil
+	}
 }
 
 // WorkerProfileEnv names the environment variable that makes a `sluice`
@@ -88,7 +112,7 @@ func (p process) String() string { return "separate process: sluice worker over 
 
 func (p process) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
 	cmd := exec.Command(p.exe, "worker", "--server", spec.URL, "--slots", strconv.Itoa(spec.Slots),
-		"--kinds", "echo", "--claim-batch", strconv.Itoa(spec.ClaimBatch), "--log-level", "warn", "--name", "bench")
+		"--kinds", strings.Join(spec.kinds(), ","), "--claim-batch", strconv.Itoa(spec.ClaimBatch), "--log-level", "warn", "--name", "bench")
 	// The worker takes SLUICE_* variables as flag defaults: keep the
 	// parent's out of it.
 	for _, kv := range os.Environ() {
