@@ -1,15 +1,19 @@
 package ledger_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
@@ -227,12 +231,15 @@ func TestOrderKeySequential(t *testing.T) {
 // back to work.
 func TestWorkerComesBackAfterLeaseLoss(t *testing.T) {
 	t.Parallel()
-	const lease = 2 * time.Second // margin for heartbeats on a loaded machine
+	const lease = 3 * time.Second // margin for heartbeats on a loaded machine
 	h := newHarness(t, server.Config{Lease: lease, SweepInterval: 50 * time.Millisecond})
 	ctx := h.ctx
 	l := ledger.New(ledger.Limits{})
 	cut := newCrashable(h.b, func() bool { return true })
-	w := sluice.NewWorker(cut, workerConfig("partitioned", 4))
+	cfg := workerConfig("partitioned", 4)
+	var logs syncBuffer // shown if the test fails
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w := sluice.NewWorker(cut, cfg)
 	w.Register("k", recorder(l, "partitioned", 0))
 	h.runWorker(w)
 	first, _, err := h.b.Trigger(ctx, sluice.TriggerParams{Kind: "k"})
@@ -246,9 +253,39 @@ func TestWorkerComesBackAfterLeaseLoss(t *testing.T) {
 
 	second, _, err := h.b.Trigger(ctx, sluice.TriggerParams{Kind: "k"})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
+	ok := assert.Eventually(t, func() bool {
 		a, err1 := h.b.GetTask(ctx, first.ID)
 		b, err2 := h.b.GetTask(ctx, second.ID)
 		return err1 == nil && err2 == nil && a.State == sluice.StateSucceeded && b.State == sluice.StateSucceeded
-	}, 30*time.Second, 10*time.Millisecond, "the worker did not come back to run its lost task and a new one")
+	}, 60*time.Second, 10*time.Millisecond, "the worker did not come back to run its lost task and a new one")
+	if !ok {
+		for _, id := range []int64{first.ID, second.ID} {
+			task, err := h.b.GetTask(ctx, id)
+			if err == nil {
+				t.Logf("task %d: state %s attempt %d/%d run_at %s worker %q explain %q attempts %+v",
+					id, task.State, task.Attempt, task.MaxAttempts, task.RunAt.Format(time.RFC3339Nano), task.WorkerID, task.Explain, task.Attempts)
+			}
+		}
+		ws, err := h.b.ListWorkers(ctx)
+		t.Logf("workers %+v (err %v)", ws, err)
+		t.Logf("worker log:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
