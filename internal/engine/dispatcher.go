@@ -109,10 +109,23 @@ func (d *dispatcher) epochNow() uint64 {
 
 // exhausted notes that a look of worker, begun at epoch, took all it could.
 func (d *dispatcher) exhausted(worker string, epoch uint64) {
+	now := time.Now()
 	d.mu.Lock()
-	d.spent[worker] = spentLook{epoch, time.Now()}
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	if len(d.spent) >= spentPrune {
+		// Entries of workers gone without a forget (swept, or unknown
+		// to the store) stop mattering after spentFor.
+		for w, s := range d.spent {
+			if now.Sub(s.at) >= spentFor {
+				delete(d.spent, w)
+			}
+		}
+	}
+	d.spent[worker] = spentLook{epoch, now}
 }
+
+// spentPrune is the size of spent at which stale entries are dropped.
+const spentPrune = 4096
 
 // nothingNew reports whether worker's last look took all it could and
 // nothing has changed since, recently enough to trust.

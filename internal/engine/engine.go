@@ -527,7 +527,16 @@ func (e *Engine) look(ctx context.Context, workerID string, max int) ([]sluice.C
 	if err != nil {
 		return nil, err
 	}
-	e.metrics.claimLatency.Observe(time.Since(start).Seconds())
+	e.looked(workerID, max, tasks, epoch, start)
+	return tasks, nil
+}
+
+// looked records a look of worker for up to max tasks, begun at epoch
+// (and start, when the look was a claim of its own), that claimed tasks.
+func (e *Engine) looked(workerID string, max int, tasks []sluice.ClaimedTask, epoch uint64, start time.Time) {
+	if !start.IsZero() {
+		e.metrics.claimLatency.Observe(time.Since(start).Seconds())
+	}
 	if len(tasks) > 0 {
 		e.disp.servedNow(workerID)
 		e.metrics.claimed(tasks)
@@ -535,7 +544,6 @@ func (e *Engine) look(ctx context.Context, workerID string, max int) ([]sluice.C
 	if len(tasks) < max {
 		e.disp.exhausted(workerID, epoch)
 	}
-	return tasks, nil
 }
 
 func (e *Engine) takeCancels(workerID string) []int64 {
@@ -554,22 +562,30 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	if err := validate.Complete(&p); err != nil {
 		return nil, err
 	}
-	acks, o, err := e.st.Complete(ctx, workerID, p.Results, e.cfg.Backoff)
+	// The worker's next tasks, without another round trip and in the
+	// same transaction as its results. Its own long-poll is then not
+	// woken for the tasks just readied: this look took all the worker
+	// could (fewer than asked), or filled the slots it had free.
+	piggyback := p.Claim > 0 && e.disp.mayServe(workerID)
+	var (
+		acks  []sluice.ResultAck
+		o     store.Outcome
+		tasks []sluice.ClaimedTask
+		err   error
+	)
+	if piggyback {
+		epoch := e.disp.epochNow()
+		acks, o, tasks, err = e.st.CompleteClaim(ctx, workerID, p.Results, e.cfg.Backoff, p.Claim, e.cfg.Lease)
+		if err == nil {
+			e.looked(workerID, p.Claim, tasks, epoch, time.Time{})
+		}
+	} else {
+		acks, o, err = e.st.Complete(ctx, workerID, p.Results, e.cfg.Backoff)
+	}
 	if err != nil {
 		return nil, err
 	}
-	res := &sluice.CompleteResult{Results: acks}
-	piggyback := p.Claim > 0 && e.disp.mayServe(workerID)
-	if piggyback {
-		// The worker's next tasks, without another round trip. Its own
-		// long-poll is then not woken for the tasks just readied: this
-		// look took all the worker could (fewer than asked), or filled
-		// the slots it had free.
-		if res.Tasks, err = e.look(ctx, workerID, p.Claim); err != nil {
-			e.log.Warn("claim after complete", "worker", workerID, "err", err)
-			res.Tasks, piggyback = nil, false // the results are recorded: answer them
-		}
-	}
+	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
 	if piggyback && o.Readied > 0 {
 		e.disp.wakeExcept(workerID)
 	} else {

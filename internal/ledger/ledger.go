@@ -275,26 +275,56 @@ type Interval struct {
 // MaxOverlap returns the most intervals that overlap at one instant and an
 // instant where they do. Intervals that touch (one ends when the other
 // starts) count as overlapping, which errs on the side of a reported
-// violation.
-func MaxOverlap(iv []Interval) (int, time.Time) {
-	type edge struct {
-		at    time.Time
-		delta int
-	}
-	edges := make([]edge, 0, 2*len(iv))
+// violation: use it for times taken around handlers.
+func MaxOverlap(iv []Interval) (int, time.Time) { return maxOverlap(iv, false) }
+
+// MaxOverlapHalfOpen is MaxOverlap for half-open intervals [Start, End):
+// one ending at the instant another starts does not overlap it. Use it
+// for the times a store records, where one transaction may end an attempt
+// and start the next with the same clock reading.
+func MaxOverlapHalfOpen(iv []Interval) (int, time.Time) { return maxOverlap(iv, true) }
+
+// OverLimit returns the longest stretch of time during which more than
+// limit intervals overlap, and when it began; zero if there is none.
+// Touching intervals count as overlapping for an instant (a zero-length
+// stretch is still reported through at).
+func OverLimit(iv []Interval, limit int) (time.Duration, time.Time) { return overLimit(iv, limit, false) }
+
+// OverLimitHalfOpen is OverLimit for half-open intervals (see
+// MaxOverlapHalfOpen).
+func OverLimitHalfOpen(iv []Interval, limit int) (time.Duration, time.Time) {
+	return overLimit(iv, limit, true)
+}
+
+type edge struct {
+	at    time.Time
+	delta int
+}
+
+// edges returns the intervals' starts (+1) and ends (-1) in time order. At
+// one instant starts come first (touching intervals overlap), or ends when
+// halfOpen.
+func edges(iv []Interval, halfOpen bool) []edge {
+	es := make([]edge, 0, 2*len(iv))
 	for _, i := range iv {
-		edges = append(edges, edge{i.Start, +1}, edge{i.End, -1})
+		es = append(es, edge{i.Start, +1}, edge{i.End, -1})
 	}
-	// Starts before ends at the same instant: touching counts as overlap.
-	sort.Slice(edges, func(a, b int) bool {
-		if !edges[a].at.Equal(edges[b].at) {
-			return edges[a].at.Before(edges[b].at)
+	sort.Slice(es, func(a, b int) bool {
+		if !es[a].at.Equal(es[b].at) {
+			return es[a].at.Before(es[b].at)
 		}
-		return edges[a].delta > edges[b].delta
+		if halfOpen {
+			return es[a].delta < es[b].delta
+		}
+		return es[a].delta > es[b].delta
 	})
+	return es
+}
+
+func maxOverlap(iv []Interval, halfOpen bool) (int, time.Time) {
 	cur, best := 0, 0
 	var when time.Time
-	for _, e := range edges {
+	for _, e := range edges(iv, halfOpen) {
 		cur += e.delta
 		if cur > best {
 			best, when = cur, e.at
@@ -303,28 +333,10 @@ func MaxOverlap(iv []Interval) (int, time.Time) {
 	return best, when
 }
 
-// OverLimit returns the longest stretch of time during which more than
-// limit intervals overlap, and when it began; zero if there is none.
-// Touching intervals count as overlapping for an instant (a zero-length
-// stretch is still reported through at).
-func OverLimit(iv []Interval, limit int) (longest time.Duration, at time.Time) {
-	type edge struct {
-		at    time.Time
-		delta int
-	}
-	edges := make([]edge, 0, 2*len(iv))
-	for _, i := range iv {
-		edges = append(edges, edge{i.Start, +1}, edge{i.End, -1})
-	}
-	sort.Slice(edges, func(a, b int) bool {
-		if !edges[a].at.Equal(edges[b].at) {
-			return edges[a].at.Before(edges[b].at)
-		}
-		return edges[a].delta > edges[b].delta
-	})
+func overLimit(iv []Interval, limit int, halfOpen bool) (longest time.Duration, at time.Time) {
 	cur := 0
 	var since time.Time
-	for _, e := range edges {
+	for _, e := range edges(iv, halfOpen) {
 		before := cur
 		cur += e.delta
 		switch {

@@ -372,8 +372,8 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 	for s, iv := range apiIntervals {
 		if lim := lim.Queue[s.Queue]; lim > 0 {
 			limited++
-			if n, at := ledger.MaxOverlap(iv); n > lim {
-				d, _ := ledger.OverLimit(iv, lim)
+			if n, at := ledger.MaxOverlapHalfOpen(iv); n > lim {
+				d, _ := ledger.OverLimitHalfOpen(iv, lim)
 				worst = max(worst, d)
 				if skewed++; skewed <= 3 {
 					t.Logf("recorded attempts of %s overlap %d-fold at %s for %s (limit %d)", s, n, at.Format(time.RFC3339Nano), d, lim)

@@ -78,4 +78,23 @@ func TestOverlap(t *testing.T) {
 	d, since = ledger.OverLimit(iv[:2], 1)
 	require.Zero(t, d)
 	require.Equal(t, at(100), since)
+	n, when = ledger.MaxOverlap(iv[:2])
+	require.Equal(t, 2, n)
+	require.Equal(t, at(100), when)
+
+	// Half-open intervals that touch do not overlap; the rest is the same.
+	n, _ = ledger.MaxOverlapHalfOpen(iv[:2])
+	require.Equal(t, 1, n)
+	d, since = ledger.OverLimitHalfOpen(iv[:2], 1)
+	require.Zero(t, d)
+	require.True(t, since.IsZero())
+	n, when = ledger.MaxOverlapHalfOpen(iv)
+	require.Equal(t, 3, n)
+	require.Equal(t, at(160), when)
+	d, since = ledger.OverLimitHalfOpen(iv, 1)
+	require.Equal(t, 50*time.Millisecond, d)
+	require.Equal(t, at(150), since)
+	// A start at the instant of another's end still overlaps a third.
+	n, _ = ledger.MaxOverlapHalfOpen(append(iv[:2:2], ledger.Interval{Start: at(50), End: at(120)}))
+	require.Equal(t, 2, n)
 }

@@ -153,6 +153,11 @@ type Store interface {
 	// Complete ends attempts. A result for an attempt the worker no longer
 	// holds is acknowledged "stale" and dropped.
 	Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff Backoff) ([]sluice.ResultAck, Outcome, error)
+	// CompleteClaim is Complete, then Claim of up to max tasks for the same
+	// worker, in one transaction: the claim sees the slots the results
+	// freed and the tasks they readied. A worker the store does not know
+	// gets its results acknowledged "stale" and no tasks (no error).
+	CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff Backoff, max int, lease time.Duration) ([]sluice.ResultAck, Outcome, []sluice.ClaimedTask, error)
 	// Heartbeat extends the worker's lease and reports held tasks it lost
 	// and held tasks whose cancellation was requested.
 	Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error)

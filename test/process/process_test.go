@@ -354,8 +354,8 @@ func TestKillWorker(t *testing.T) {
 	// At no instant did more than limit attempts of the queue run, by the
 	// recorded times (the store reads its clock inside each transaction,
 	// so they follow commit order).
-	n, at := ledger.MaxOverlap(intervals)
-	over, _ := ledger.OverLimit(intervals, limit)
+	n, at := ledger.MaxOverlapHalfOpen(intervals)
+	over, _ := ledger.OverLimitHalfOpen(intervals, limit)
 	require.LessOrEqual(t, n, limit, "%d attempts of queue %q overlap at %s, for %s", n, queue, at, over)
 	t.Logf("%d tasks recovered from the killed worker; at most %d attempts overlapped (sampled max %d running over %d samples)", recovered, n, maxRunning, samples)
 }

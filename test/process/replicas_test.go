@@ -237,7 +237,7 @@ func TestPostgresReplicas(t *testing.T) {
 	require.Equal(t, total, seen, "tasks lost")
 	require.Positive(t, recovered, "no task of the killed worker was recovered")
 
-	n, at := ledger.MaxOverlap(all)
+	n, at := ledger.MaxOverlapHalfOpen(all)
 	require.LessOrEqual(t, n, envLimit, "environment limit exceeded at %s", at)
 	subs := make([]string, 0, len(perKey))
 	for s := range perKey {
@@ -249,7 +249,7 @@ func TestPostgresReplicas(t *testing.T) {
 		if s == "limited" {
 			limit = limited
 		}
-		n, at := ledger.MaxOverlap(perKey[s])
+		n, at := ledger.MaxOverlapHalfOpen(perKey[s])
 		require.LessOrEqual(t, n, limit, "sub-queue %s: %d attempts at once at %s (limit %d)", s, n, at, limit)
 	}
 	t.Logf("%d tasks, %d recovered attempts; at most %d running cluster-wide", seen, recovered, n)

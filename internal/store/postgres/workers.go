@@ -131,69 +131,83 @@ const claimSQL = `WITH c AS (
 // statement, and the commit.
 func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
-	var (
-		found       bool
-		slots, held int
-		kinds       []string
-	)
-	worker := func(t *txn) {
-		t.queueQuery("claim", `SELECT w.slots, w.kinds, (SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = w.id)
-			FROM workers w WHERE w.id = $1`, []any{workerID}, func(rows pgx.Rows) error {
-			found = true
-			return rows.Scan(&slots, &kinds, &held)
-		})
-	}
-	err := s.run(ctx, worker, func(t *txn) error {
-		out = out[:0]
-		if !found {
+	w := &claimer{id: workerID}
+	err := s.run(ctx, w.prelude, func(t *txn) error {
+		if !w.found {
 			return store.WorkerNotFound(workerID)
 		}
-		now := fromUS(t.now)
-		leaseUntil := now.Add(lease)
-		n := min(limit, slots-held)
-		if n <= 0 || len(kinds) == 0 {
-			t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), workerID)
-			return nil
-		}
-		type ranked struct {
-			c        sluice.ClaimedTask
-			priority int
-			rank     int64
-		}
-		var got []ranked
-		err := t.query("claim", claimSQL, []any{kinds, t.now, n, workerID, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil)},
-			func(rows pgx.Rows) error {
-				var r ranked
-				c := &r.c
-				var input []byte
-				var timeoutUS, created int64
-				if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
-					&r.priority, &r.rank); err != nil {
-					return err
-				}
-				c.Input = store.JSONOrNull(input)
-				c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
-				c.CreatedAt = fromUS(created)
-				c.StartedAt = now
-				c.LeaseExpiresAt = leaseUntil.UTC()
-				got = append(got, r)
-				return nil
-			})
-		if err != nil {
-			return err
-		}
-		// RETURNING comes in no particular order: restore the claim order.
-		sort.Slice(got, func(i, j int) bool {
-			a, b := got[i], got[j]
-			return store.ClaimBefore(a.priority, a.rank, a.c.ID, b.priority, b.rank, b.c.ID)
-		})
-		for _, r := range got {
-			out = append(out, r.c)
-		}
-		return nil
+		var err error
+		out, err = w.claim(t, limit, lease)
+		return err
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// claimer is a worker's row as a claim reads it, at BEGIN.
+type claimer struct {
+	id          string
+	found       bool
+	slots, held int
+	kinds       []string
+}
+
+// prelude queues the read of the worker's row with the BEGIN.
+func (w *claimer) prelude(t *txn) {
+	t.queueQuery("claim", `SELECT w.slots, w.kinds, (SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = w.id)
+		FROM workers w WHERE w.id = $1`, []any{w.id}, func(rows pgx.Rows) error {
+		w.found = true
+		return rows.Scan(&w.slots, &w.kinds, &w.held)
+	})
+}
+
+// claim leases up to limit ready tasks to the worker (found), within its
+// free slots, and extends its lease.
+func (w *claimer) claim(t *txn, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+	now := fromUS(t.now)
+	leaseUntil := now.Add(lease)
+	n := min(limit, w.slots-w.held)
+	if n <= 0 || len(w.kinds) == 0 {
+		t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), w.id)
+		return nil, nil
+	}
+	type ranked struct {
+		c        sluice.ClaimedTask
+		priority int
+		rank     int64
+	}
+	var got []ranked
+	err := t.query("claim", claimSQL, []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil)},
+		func(rows pgx.Rows) error {
+			var r ranked
+			c := &r.c
+			var input []byte
+			var timeoutUS, created int64
+			if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
+				&r.priority, &r.rank); err != nil {
+				return err
+			}
+			c.Input = store.JSONOrNull(input)
+			c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+			c.CreatedAt = fromUS(created)
+			c.StartedAt = now
+			c.LeaseExpiresAt = leaseUntil.UTC()
+			got = append(got, r)
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	// RETURNING comes in no particular order: restore the claim order.
+	sort.Slice(got, func(i, j int) bool {
+		a, b := got[i], got[j]
+		return store.ClaimBefore(a.priority, a.rank, a.c.ID, b.priority, b.rank, b.c.ID)
+	})
+	out := make([]sluice.ClaimedTask, len(got))
+	for i, r := range got {
+		out[i] = r.c
 	}
 	return out, nil
 }
@@ -231,75 +245,121 @@ const completeSQL = `WITH r AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4
 // attempt twice, or both succeeded and failed, acknowledges the first
 // success (else the first failure) "ok" and the rest "stale".
 func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
-	acks := make([]sluice.ResultAck, len(results))
+	var acks []sluice.ResultAck
 	o, err := s.write(ctx, func(t *txn) error {
-		type key struct {
-			id      int64
-			attempt int
-		}
-		okIdx := map[key]int{} // first success of each attempt → result index
-		var ids []int64
-		var attempts []int
-		var outputs [][]byte
-		var failIDs []int64
-		for i, r := range results {
-			acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
-			if r.Error != "" {
-				failIDs = append(failIDs, r.TaskID)
-				continue
-			}
-			k := key{r.TaskID, r.Attempt}
-			if _, dup := okIdx[k]; dup {
-				continue
-			}
-			okIdx[k] = i
-			ids, attempts, outputs = append(ids, r.TaskID), append(attempts, r.Attempt), append(outputs, store.JSONOrNull(r.Output))
-		}
-		if len(ids) > 0 {
-			t.queueQuery("complete", completeSQL, []any{t.now, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
-				var k key
-				sq, q := &sqRow{}, &queueRow{}
-				if err := rows.Scan(append(append([]any{&k.id, &k.attempt}, sq.dest()...), q.dest()...)...); err != nil {
-					return err
-				}
-				t.release(t.useSQ(sq))
-				t.finish(t.useQueue(q))
-				acks[okIdx[k]].Status = "ok"
-				return nil
-			})
-		}
-		running := map[int64]*runningTask{}
-		if len(failIDs) > 0 {
-			// After the successes: a task both succeeded and failed in
-			// this batch is no longer running here.
-			rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, failIDs, workerID)
-			if err != nil {
-				return err
-			}
-			for _, rt := range rts {
-				running[rt.id] = rt
-			}
-		} else if err := t.send(); err != nil {
-			return err
-		}
-		for i, r := range results {
-			if r.Error == "" {
-				continue
-			}
-			rt := running[r.TaskID]
-			if rt == nil || rt.attempt != r.Attempt {
-				continue // stale
-			}
-			delete(running, r.TaskID) // ended: a second report is stale
-			t.endAttempt(rt, outcome{err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff})
-			acks[i].Status = "ok"
-		}
-		return nil
+		var err error
+		acks, _, err = t.complete(workerID, results, backoff)
+		return err
 	})
 	if err != nil {
 		return nil, o, err
 	}
 	return acks, o, nil
+}
+
+// CompleteClaim is Complete, then Claim for the same worker, in one
+// transaction (one commit instead of two); see store.CompleteClaimer. The
+// claim sees the slots the results freed and the tasks they readied. A
+// worker the store does not know gets its results acknowledged stale and
+// no tasks.
+func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
+	limit int, lease time.Duration) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
+	var acks []sluice.ResultAck
+	var claimed []sluice.ClaimedTask
+	var o store.Outcome
+	w := &claimer{id: workerID}
+	err := s.run(ctx, w.prelude, func(t *txn) error {
+		var ended int
+		var err error
+		if acks, ended, err = t.complete(workerID, results, backoff); err != nil {
+			return err
+		}
+		if err := t.fill(); err != nil {
+			return err
+		}
+		o.Readied = t.readied
+		if !w.found || limit <= 0 {
+			return nil
+		}
+		w.held -= ended // the attempts just ended were running here
+		claimed, err = w.claim(t, limit, lease)
+		return err
+	})
+	if err != nil {
+		return nil, o, nil, err
+	}
+	return acks, o, claimed, nil
+}
+
+// complete ends the attempts of a worker's results (the body of Complete)
+// and reports how many it ended.
+func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, int, error) {
+	acks := make([]sluice.ResultAck, len(results))
+	ended := 0
+	type key struct {
+		id      int64
+		attempt int
+	}
+	okIdx := map[key]int{} // first success of each attempt → result index
+	var ids []int64
+	var attempts []int
+	var outputs [][]byte
+	var failIDs []int64
+	for i, r := range results {
+		acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+		if r.Error != "" {
+			failIDs = append(failIDs, r.TaskID)
+			continue
+		}
+		k := key{r.TaskID, r.Attempt}
+		if _, dup := okIdx[k]; dup {
+			continue
+		}
+		okIdx[k] = i
+		ids, attempts, outputs = append(ids, r.TaskID), append(attempts, r.Attempt), append(outputs, store.JSONOrNull(r.Output))
+	}
+	if len(ids) > 0 {
+		t.queueQuery("complete", completeSQL, []any{t.now, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
+			var k key
+			sq, q := &sqRow{}, &queueRow{}
+			if err := rows.Scan(append(append([]any{&k.id, &k.attempt}, sq.dest()...), q.dest()...)...); err != nil {
+				return err
+			}
+			t.release(t.useSQ(sq))
+			t.finish(t.useQueue(q))
+			acks[okIdx[k]].Status = "ok"
+			ended++
+			return nil
+		})
+	}
+	running := map[int64]*runningTask{}
+	if len(failIDs) > 0 {
+		// After the successes: a task both succeeded and failed in
+		// this batch is no longer running here.
+		rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, failIDs, workerID)
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, rt := range rts {
+			running[rt.id] = rt
+		}
+	} else if err := t.send(); err != nil {
+		return nil, 0, err
+	}
+	for i, r := range results {
+		if r.Error == "" {
+			continue
+		}
+		rt := running[r.TaskID]
+		if rt == nil || rt.attempt != r.Attempt {
+			continue // stale
+		}
+		delete(running, r.TaskID) // ended: a second report is stale
+		t.endAttempt(rt, outcome{err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff})
+		acks[i].Status = "ok"
+		ended++
+	}
+	return acks, ended, nil
 }
 
 // Heartbeat extends a worker's lease; see store.Store.

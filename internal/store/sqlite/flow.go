@@ -59,20 +59,28 @@ type txn struct {
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
 	err := s.tx(ctx, func(tx *wtx) error {
-		t := &txn{ctx: ctx, tx: tx, now: us(s.now()), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
-		if err := fn(t); err != nil {
-			return err
-		}
-		if err := t.flush(); err != nil {
-			return err
-		}
-		if err := t.fill(); err != nil {
-			return err
-		}
-		o.Readied = t.readied
-		return nil
+		var err error
+		o, err = s.writeIn(ctx, tx, fn)
+		return err
 	})
 	return o, err
+}
+
+// writeIn is write within a transaction already begun.
+func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (store.Outcome, error) {
+	var o store.Outcome
+	t := &txn{ctx: ctx, tx: tx, now: us(s.now()), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
+	if err := fn(t); err != nil {
+		return o, err
+	}
+	if err := t.flush(); err != nil {
+		return o, err
+	}
+	if err := t.fill(); err != nil {
+		return o, err
+	}
+	o.Readied = t.readied
+	return o, nil
 }
 
 func (t *txn) exec(q string, args ...any) (sql.Result, error) {

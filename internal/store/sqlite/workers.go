@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -119,104 +120,8 @@ const claimChunk = 500
 func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
 	err := s.tx(ctx, func(tx *wtx) error {
-		out = out[:0]
-		now := s.now()
-		leaseUntil := now.Add(lease)
-		var slots int
-		var kindsJSON string
-		err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds`, us(leaseUntil), workerID).Scan(&slots, &kindsJSON)
-		if err == sql.ErrNoRows {
-			return store.WorkerNotFound(workerID)
-		}
-		if err != nil {
-			return fmt.Errorf("claim: %w", err)
-		}
-		var held int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID).Scan(&held); err != nil {
-			return fmt.Errorf("claim: %w", err)
-		}
-		n := min(limit, slots-held)
-		if n <= 0 {
-			return nil
-		}
-		var kinds []string
-		if err := json.Unmarshal([]byte(kindsJSON), &kinds); err != nil {
-			return fmt.Errorf("claim: worker kinds: %w", err)
-		}
-		// One index range per kind, merged here: each reads at most n
-		// ready rows, whatever waits behind limits.
-		var cands []candidate
-		for _, kind := range kinds {
-			rows, err := tx.QueryContext(ctx, `SELECT id, priority, rank FROM tasks WHERE state = 'ready' AND kind = ?
-				AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > ?) ORDER BY priority DESC, rank, id LIMIT ?`, kind, us(now), n)
-			if err != nil {
-				return fmt.Errorf("claim: %w", err)
-			}
-			for rows.Next() {
-				var c candidate
-				if err := rows.Scan(&c.id, &c.priority, &c.rank); err != nil {
-					rows.Close()
-					return err
-				}
-				cands = append(cands, c)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-		}
-		if len(kinds) > 1 {
-			sort.Slice(cands, func(i, j int) bool {
-				a, b := cands[i], cands[j]
-				return store.ClaimBefore(a.priority, a.rank, a.id, b.priority, b.rank, b.id)
-			})
-		}
-		cands = cands[:min(n, len(cands))]
-		if len(cands) == 0 {
-			return nil
-		}
-		var maxRank int64
-		for start := 0; start < len(cands); start += claimChunk {
-			chunk := cands[start:min(start+claimChunk, len(cands))]
-			args := []any{workerID, us(now), us(now) + store.TimeoutGrace.Microseconds()}
-			for _, c := range chunk {
-				args = append(args, c.id)
-				maxRank = max(maxRank, c.rank)
-			}
-			rows, err := tx.QueryContext(ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, worker_id = ?, started_at = ?,
-				timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END
-				WHERE id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND state = 'ready'
-				RETURNING id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at`, args...)
-			if err != nil {
-				return fmt.Errorf("claim: %w", err)
-			}
-			for rows.Next() {
-				var c sluice.ClaimedTask
-				var input []byte
-				var timeoutUS, created int64
-				if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created); err != nil {
-					rows.Close()
-					return err
-				}
-				c.Input = store.JSONOrNull(input)
-				c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
-				c.CreatedAt = fromUS(created)
-				c.StartedAt = now.UTC()
-				c.LeaseExpiresAt = leaseUntil.UTC()
-				out = append(out, c)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-		}
-		// RETURNING comes in table order: restore the claim order.
-		pos := make(map[int64]int, len(cands))
-		for i, c := range cands {
-			pos[c.id] = i
-		}
-		sort.Slice(out, func(i, j int) bool { return pos[out[i].ID] < pos[out[j].ID] })
-		_, err = tx.ExecContext(ctx, `UPDATE env SET vtime = max(vtime, ?) WHERE id = 1`, maxRank)
+		var err error
+		out, err = s.claim(ctx, tx, workerID, limit, lease)
 		return err
 	})
 	if err != nil {
@@ -225,45 +130,179 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 	return out, nil
 }
 
+// claim is the body of Claim, in tx.
+func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+	var out []sluice.ClaimedTask
+	now := s.now()
+	leaseUntil := now.Add(lease)
+	var slots int
+	var kindsJSON string
+	err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds`, us(leaseUntil), workerID).Scan(&slots, &kindsJSON)
+	if err == sql.ErrNoRows {
+		return nil, store.WorkerNotFound(workerID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	var held int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID).Scan(&held); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	n := min(limit, slots-held)
+	if n <= 0 {
+		return nil, nil
+	}
+	var kinds []string
+	if err := json.Unmarshal([]byte(kindsJSON), &kinds); err != nil {
+		return nil, fmt.Errorf("claim: worker kinds: %w", err)
+	}
+	// One index range per kind, merged here: each reads at most n
+	// ready rows, whatever waits behind limits.
+	var cands []candidate
+	for _, kind := range kinds {
+		rows, err := tx.QueryContext(ctx, `SELECT id, priority, rank FROM tasks WHERE state = 'ready' AND kind = ?
+			AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > ?) ORDER BY priority DESC, rank, id LIMIT ?`, kind, us(now), n)
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		for rows.Next() {
+			var c candidate
+			if err := rows.Scan(&c.id, &c.priority, &c.rank); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			cands = append(cands, c)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	if len(kinds) > 1 {
+		sort.Slice(cands, func(i, j int) bool {
+			a, b := cands[i], cands[j]
+			return store.ClaimBefore(a.priority, a.rank, a.id, b.priority, b.rank, b.id)
+		})
+	}
+	cands = cands[:min(n, len(cands))]
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	var maxRank int64
+	for start := 0; start < len(cands); start += claimChunk {
+		chunk := cands[start:min(start+claimChunk, len(cands))]
+		args := []any{workerID, us(now), us(now) + store.TimeoutGrace.Microseconds()}
+		for _, c := range chunk {
+			args = append(args, c.id)
+			maxRank = max(maxRank, c.rank)
+		}
+		rows, err := tx.QueryContext(ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, worker_id = ?, started_at = ?,
+			timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END
+			WHERE id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND state = 'ready'
+			RETURNING id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at`, args...)
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		for rows.Next() {
+			var c sluice.ClaimedTask
+			var input []byte
+			var timeoutUS, created int64
+			if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			c.Input = store.JSONOrNull(input)
+			c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+			c.CreatedAt = fromUS(created)
+			c.StartedAt = now.UTC()
+			c.LeaseExpiresAt = leaseUntil.UTC()
+			out = append(out, c)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	// RETURNING comes in table order: restore the claim order.
+	pos := make(map[int64]int, len(cands))
+	for i, c := range cands {
+		pos[c.id] = i
+	}
+	sort.Slice(out, func(i, j int) bool { return pos[out[i].ID] < pos[out[j].ID] })
+	if _, err := tx.ExecContext(ctx, `UPDATE env SET vtime = max(vtime, ?) WHERE id = 1`, maxRank); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Complete ends attempts reported by a worker; see store.Store.
 func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
 	acks := make([]sluice.ResultAck, len(results))
-	o, err := s.write(ctx, func(t *txn) error {
-		for i, r := range results {
-			acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
-			if r.Error == "" {
-				ok, err := t.succeed(workerID, r)
-				if err != nil {
-					return fmt.Errorf("complete task %d: %w", r.TaskID, err)
-				}
-				if ok {
-					acks[i].Status = "ok"
-				}
-				continue
-			}
-			rt, err := scanRunning(t.tx.QueryRowContext(ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ?`,
-				r.TaskID, workerID, r.Attempt))
-			if err == sql.ErrNoRows {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("complete: %w", err)
-			}
-			oc := outcome{ok: r.Error == "", output: r.Output, err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff}
-			if len(oc.output) == 0 {
-				oc.output = []byte("null")
-			}
-			if err := t.endAttempt(rt, oc); err != nil {
-				return fmt.Errorf("complete task %d: %w", r.TaskID, err)
-			}
-			acks[i].Status = "ok"
-		}
-		return nil
-	})
+	o, err := s.write(ctx, func(t *txn) error { return t.complete(workerID, results, backoff, acks) })
 	if err != nil {
 		return nil, o, err
 	}
 	return acks, o, nil
+}
+
+// CompleteClaim is Complete, then Claim for the same worker, in one
+// transaction; see store.Store. A worker the store does not know gets its
+// results acknowledged stale and no tasks.
+func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
+	limit int, lease time.Duration) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
+	acks := make([]sluice.ResultAck, len(results))
+	var o store.Outcome
+	var claimed []sluice.ClaimedTask
+	err := s.tx(ctx, func(tx *wtx) error {
+		var err error
+		o, err = s.writeIn(ctx, tx, func(t *txn) error { return t.complete(workerID, results, backoff, acks) })
+		if err != nil || limit <= 0 {
+			return err
+		}
+		claimed, err = s.claim(ctx, tx, workerID, limit, lease)
+		if errors.Is(err, sluice.ErrNotFound) {
+			claimed, err = nil, nil // the results stand (acknowledged stale)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, o, nil, err
+	}
+	return acks, o, claimed, nil
+}
+
+// complete ends the attempts of a worker's results: the body of Complete.
+func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff store.Backoff, acks []sluice.ResultAck) error {
+	for i, r := range results {
+		acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+		if r.Error == "" {
+			ok, err := t.succeed(workerID, r)
+			if err != nil {
+				return fmt.Errorf("complete task %d: %w", r.TaskID, err)
+			}
+			if ok {
+				acks[i].Status = "ok"
+			}
+			continue
+		}
+		rt, err := scanRunning(t.tx.QueryRowContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ?`,
+			r.TaskID, workerID, r.Attempt))
+		if err == sql.ErrNoRows {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("complete: %w", err)
+		}
+		oc := outcome{ok: r.Error == "", output: r.Output, err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff}
+		if len(oc.output) == 0 {
+			oc.output = []byte("null")
+		}
+		if err := t.endAttempt(rt, oc); err != nil {
+			return fmt.Errorf("complete task %d: %w", r.TaskID, err)
+		}
+		acks[i].Status = "ok"
+	}
+	return nil
 }
 
 // Heartbeat extends a worker's lease; see store.Store.

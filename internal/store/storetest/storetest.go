@@ -138,6 +138,7 @@ func Run(t *testing.T, ns NewStore) {
 		"PriorityThenFIFO":        testPriorityFIFO,
 		"FairRankAcrossKeys":      testFairRank,
 		"WorkerSlots":             testWorkerSlots,
+		"CompleteClaim":           testCompleteClaim,
 		"RetryReleasesSlot":       testRetryReleasesSlot,
 		"NoRetryAndMaxAttempts":   testNoRetry,
 		"StaleResult":             testStale,
@@ -386,6 +387,72 @@ func testWorkerSlots(t *testing.T, ns NewStore) {
 	require.Len(t, h.claim("w", 100), 1)
 	_, err := h.st.Claim(h.ctx, "nobody", 1, time.Second)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
+}
+
+// CompleteClaim ends attempts and claims in one transaction: the claim
+// sees the slots the results freed (queue limit and worker slots) and the
+// tasks they readied, never more than either allows; a failure frees its
+// slot the same way; a stale result frees nothing; an unknown worker gets
+// its results acknowledged stale and no tasks.
+func testCompleteClaim(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for range 7 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "q"})
+	}
+	tasks := h.enqueue(nts...)
+	h.worker("w", 2, "k")
+	c := h.claim("w", 10)
+	require.Equal(t, taskIDs(tasks[:2]), ids(c))
+
+	// One result frees one slot of the queue and of the worker: the
+	// claim, asked for 10, gets the one task it readied.
+	acks, o, got, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[0])}, noBackoff, 10, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "ok", acks[0].Status)
+	require.Equal(t, 1, o.Readied)
+	require.Equal(t, []int64{tasks[2].ID}, ids(got))
+	require.Equal(t, 1, got[0].Attempt)
+	require.Equal(t, sluice.StateSucceeded, h.state(tasks[0].ID))
+	require.Equal(t, sluice.StateRunning, h.state(tasks[2].ID))
+	require.Equal(t, sluice.StateQueued, h.state(tasks[3].ID))
+	h.counters()
+
+	// Both results, one a failure without retry: two slots, two tasks,
+	// in trigger order; a repeated (stale) result frees nothing more.
+	acks, _, got, err = h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[1]), ok(c[1]), {TaskID: got[0].ID, Attempt: 1, Error: "boom", NoRetry: true}},
+		noBackoff, 10, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []string{"ok", "stale", "ok"}, []string{acks[0].Status, acks[1].Status, acks[2].Status})
+	require.Equal(t, taskIDs(tasks[3:5]), ids(got))
+	require.Equal(t, sluice.StateFailed, h.state(tasks[2].ID))
+	h.counters()
+
+	// Asking for fewer than the freed slots leaves the rest ready.
+	_, _, got2, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got[0]), ok(got[1])}, noBackoff, 1, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []int64{tasks[5].ID}, ids(got2))
+	require.Equal(t, sluice.StateReady, h.state(tasks[6].ID))
+	h.counters()
+
+	// Asking for none is Complete.
+	_, _, none, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got2[0])}, noBackoff, 0, 30*time.Second)
+	require.NoError(t, err)
+	require.Empty(t, none)
+	require.Equal(t, sluice.StateSucceeded, h.state(tasks[5].ID))
+	h.counters()
+
+	// A worker the store does not know: results stale, no tasks, no error.
+	acks, _, got, err = h.st.CompleteClaim(h.ctx, "nobody", []sluice.TaskResult{ok(c[0])}, noBackoff, 10, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "stale", acks[0].Status)
+	require.Empty(t, got)
+	require.Equal(t, sluice.StateReady, h.state(tasks[6].ID))
+	c = h.claim("w", 10)
+	require.Equal(t, []int64{tasks[6].ID}, ids(c))
+	h.counters()
 }
 
 func testRetryReleasesSlot(t *testing.T, ns NewStore) {
