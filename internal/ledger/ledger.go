@@ -288,7 +288,9 @@ func MaxOverlapHalfOpen(iv []Interval) (int, time.Time) { return maxOverlap(iv, 
 // limit intervals overlap, and when it began; zero if there is none.
 // Touching intervals count as overlapping for an instant (a zero-length
 // stretch is still reported through at).
-func OverLimit(iv []Interval, limit int) (time.Duration, time.Time) { return overLimit(iv, limit, false) }
+func OverLimit(iv []Interval, limit int) (time.Duration, time.Time) {
+	return overLimit(iv, limit, false)
+}
 
 // OverLimitHalfOpen is OverLimit for half-open intervals (see
 // MaxOverlapHalfOpen).
