@@ -228,6 +228,9 @@ type ClaimParams struct {
 	// Wait long-polls up to this long when nothing is claimable. Zero
 	// returns at once. At most 60s.
 	Wait Duration `json:"wait"`
+	// Seq numbers this claim call among the worker's claims (1, 2, …;
+	// 0 = not numbered). See HeartbeatParams.ClaimsSettled.
+	Seq int64 `json:"seq,omitempty"`
 }
 
 // ClaimedTask is a task handed to a worker.
@@ -275,6 +278,8 @@ type CompleteParams struct {
 	// round trip. The server may claim none, e.g. when other workers are
 	// waiting for work under the dispatch policy.
 	Claim int `json:"claim,omitempty"`
+	// ClaimSeq numbers the claim (when Claim > 0) as ClaimParams.Seq does.
+	ClaimSeq int64 `json:"claim_seq,omitempty"`
 }
 
 // ResultAck answers one TaskResult.
@@ -297,6 +302,17 @@ type HeartbeatParams struct {
 	FreeSlots int `json:"free_slots"`
 	// Held lists the tasks the worker is running.
 	Held []int64 `json:"held"`
+	// ClaimsSettled, when above zero, says every claim call the worker
+	// numbered up to it (ClaimParams.Seq, CompleteParams.ClaimSeq), except
+	// those in ClaimsPending, has been answered or has failed, and Held
+	// lists every task those answers handed it that it still holds. A task
+	// running on the worker that such a claim handed out and Held does not
+	// list was lost with its answer: the server releases it (unstarted,
+	// the attempt not counted) so it does not hold its slots forever.
+	ClaimsSettled int64 `json:"claims_settled,omitempty"`
+	// ClaimsPending lists the claim calls numbered up to ClaimsSettled
+	// still awaiting their answer (a long-poll, say).
+	ClaimsPending []int64 `json:"claims_pending,omitempty"`
 	// Slots is the most tasks the worker runs at once (S-W4). Zero means
 	// not reported (a worker older than the field).
 	Slots int `json:"slots,omitempty"`

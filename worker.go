@@ -223,14 +223,18 @@ type Worker struct {
 	kindList []string   // the kinds registered, sorted
 	regMu    sync.Mutex // serialises registering again (reregister)
 
-	// free counts free slots. Only the claim loop takes slots, so a value it
-	// reads can only grow until it takes them.
+	// free counts free slots. The claim loop and claims riding on
+	// completions take them; the server never hands out more than its
+	// count of the worker's free slots, which is never above this one
+	// (a slot frees here before its result reaches the server).
 	free      atomic.Int64
 	slotFreed chan struct{} // cap 1: "free may have grown"
 	tasks     sync.WaitGroup
 
 	mu   sync.Mutex
 	held map[int64]*taskRun // claimed and not yet acknowledged, released or lost
+
+	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 
 	stopping  atomic.Bool // no new handler starts
 	results   chan *taskRun
@@ -590,8 +594,10 @@ func (w *Worker) claimLoop(ctx context.Context) {
 		}
 		n := min(free, int64(limit))
 		id := w.ID()
-		res, err := w.b.Claim(ctx, id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait)})
+		seq := w.seqs.begin()
+		res, err := w.b.Claim(ctx, id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait), Seq: seq})
 		if err != nil {
+			w.seqs.end(seq) // any tasks it claimed are lost with the answer
 			if ctx.Err() != nil {
 				return
 			}
@@ -613,6 +619,7 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			// the shutdown releases them.
 			w.start(res.Tasks, n, ctx.Err() == nil)
 		}
+		w.seqs.end(seq) // its tasks are held now
 	}
 }
 
@@ -817,6 +824,10 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 			return
 		case <-t.C:
 		}
+		// Every claim numbered up to settled, but those pending, has been
+		// answered (its tasks are in held) or failed; read before the
+		// snapshot of held.
+		settled, pending := w.seqs.settled()
 		heldIDs = heldIDs[:0]
 		w.mu.Lock()
 		for id := range w.held {
@@ -831,6 +842,8 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 			Held:            heldIDs,
 			MemoryUsedRatio: w.bp.memoryRatio(),
 			P99Latency:      Duration(w.bp.p99Latency()),
+			ClaimsSettled:   settled,
+			ClaimsPending:   pending,
 		}
 		// A late heartbeat still helps while leases last; a call cut short
 		// by a tight timeout costs the connection.
@@ -851,8 +864,11 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		// The server extended the leases no earlier than the send.
 		w.hbOK.Store(int64(sent))
 		if len(res.Lost) > 0 {
-			n := w.loseTasks(res.Lost)
-			w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
+			// Most are tasks whose results were acknowledged since the
+			// snapshot of held (already forgotten here): no news.
+			if n := w.loseTasks(res.Lost); n > 0 {
+				w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
+			}
 		}
 		w.cancelTasks(res.Cancel, errServerCancel)
 	}
@@ -949,11 +965,15 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 			}
 		}
 		var claimed []ClaimedTask
-		var asked int64
+		var asked, seq int64
 		if len(params) > 0 {
-			asked = w.piggyback(runCtx)
+			if asked = w.piggyback(runCtx); asked > 0 {
+				seq = w.seqs.begin()
+			}
 			var ok bool
-			if claimed, ok = w.send(ctx, params, asked); !ok {
+			claimed, ok = w.send(ctx, params, asked, seq)
+			if !ok {
+				w.seqs.end(seq)
 				return
 			}
 		}
@@ -970,6 +990,7 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 				w.startReleased(ctx, claimed)
 			}
 		}
+		w.seqs.end(seq) // its tasks are held (or released) now
 	}
 }
 
@@ -1005,12 +1026,12 @@ func (w *Worker) topUp(batch []*taskRun) []*taskRun {
 }
 
 // send calls Complete until it succeeds, backing off between tries, and
-// returns the tasks the call claimed (claim > 0). It gives up only when ctx
-// ends (the shutdown's cleanup deadline).
-func (w *Worker) send(ctx context.Context, params []TaskResult, claim int64) ([]ClaimedTask, bool) {
+// returns the tasks the call claimed (claim > 0, numbered seq). It gives up
+// only when ctx ends (the shutdown's cleanup deadline).
+func (w *Worker) send(ctx context.Context, params []TaskResult, claim, seq int64) ([]ClaimedTask, bool) {
 	backoff := claimBackoffMin
 	for {
-		res, err := w.b.Complete(ctx, w.ID(), CompleteParams{Results: params, Claim: int(claim)})
+		res, err := w.b.Complete(ctx, w.ID(), CompleteParams{Results: params, Claim: int(claim), ClaimSeq: seq})
 		if err == nil {
 			for _, a := range res.Results {
 				if a.Status != "ok" {
@@ -1023,9 +1044,11 @@ func (w *Worker) send(ctx context.Context, params []TaskResult, claim int64) ([]
 			w.log.Error("dropping unsent results at shutdown", "count", len(params), "err", err)
 			return nil, false
 		}
-		// The failed call may have claimed tasks whose answer was lost;
+		// The failed call may have claimed tasks whose answer was lost
+		// (settled now: the next heartbeat has the server release them);
 		// the retry claims nothing, so it cannot lose more.
-		claim = 0
+		w.seqs.end(seq)
+		claim, seq = 0, 0
 		d := backoff/2 + rand.N(backoff/2+1)
 		w.log.Error("sending results", "count", len(params), "err", err, "retry_in", d)
 		t := time.NewTimer(d)
@@ -1047,4 +1070,46 @@ func (w *Worker) forget(batch []*taskRun) {
 		}
 	}
 	w.mu.Unlock()
+}
+
+// claimSeqs numbers the worker's claim calls (ClaimParams.Seq,
+// CompleteParams.ClaimSeq) and knows which are still in flight, so that a
+// heartbeat can tell the server which answers have been taken in
+// (HeartbeatParams.ClaimsSettled, ClaimsPending): a task such a claim
+// handed out that the worker does not hold was lost with its answer.
+type claimSeqs struct {
+	mu       sync.Mutex
+	last     int64
+	inflight map[int64]struct{}
+}
+
+// begin numbers a claim call about to be sent.
+func (c *claimSeqs) begin() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight == nil {
+		c.inflight = map[int64]struct{}{}
+	}
+	c.last++
+	c.inflight[c.last] = struct{}{}
+	return c.last
+}
+
+// end marks a claim call settled: answered and its tasks held, or failed.
+// Ending 0 or a settled call does nothing.
+func (c *claimSeqs) end(seq int64) {
+	c.mu.Lock()
+	delete(c.inflight, seq)
+	c.mu.Unlock()
+}
+
+// settled returns the last number given and the calls still in flight.
+func (c *claimSeqs) settled() (last int64, pending []int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for seq := range c.inflight {
+		pending = append(pending, seq)
+	}
+	slices.Sort(pending)
+	return c.last, pending
 }

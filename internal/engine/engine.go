@@ -480,7 +480,7 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 			skip = false
 			e.metrics.claimLooksSkipped.Inc()
 		case answering >= 0:
-			tasks, err := e.look(ctx, workerID, p.Max)
+			tasks, err := e.look(ctx, workerID, p.Max, p.Seq)
 			if p.Wait > 0 {
 				signal(w.done, answering)
 			}
@@ -520,10 +520,10 @@ func nonNil[T any](s []T) []T {
 // fewer than max took everything the worker could have: the dispatcher
 // notes it, so the worker's next waiting claim need not look again until
 // something changes.
-func (e *Engine) look(ctx context.Context, workerID string, max int) ([]sluice.ClaimedTask, error) {
+func (e *Engine) look(ctx context.Context, workerID string, max int, seq int64) ([]sluice.ClaimedTask, error) {
 	epoch := e.disp.epochNow()
 	start := time.Now()
-	tasks, err := e.st.Claim(ctx, workerID, max, e.cfg.Lease)
+	tasks, err := e.st.Claim(ctx, workerID, max, e.cfg.Lease, seq)
 	if err != nil {
 		return nil, err
 	}
@@ -575,7 +575,8 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	)
 	if piggyback {
 		epoch := e.disp.epochNow()
-		acks, o, tasks, err = e.st.CompleteClaim(ctx, workerID, p.Results, e.cfg.Backoff, p.Claim, e.cfg.Lease)
+		acks, o, tasks, err = e.st.CompleteClaim(ctx, workerID, p.Results, e.cfg.Backoff,
+			store.ClaimSpec{Max: p.Claim, Lease: e.cfg.Lease, Seq: p.ClaimSeq, Spread: e.cfg.Dispatch == DispatchSpread})
 		if err == nil {
 			e.looked(workerID, p.Claim, tasks, epoch, time.Time{})
 		}
@@ -618,9 +619,21 @@ func (e *Engine) Heartbeat(ctx context.Context, workerID string, p sluice.Heartb
 	// The store extends the lease from its own reading of the clock, inside
 	// the transaction; this answer can only be earlier, so it is safe.
 	until := e.now().Add(e.cfg.Lease)
-	lost, cancel, err := e.st.Heartbeat(ctx, workerID, p, e.cfg.Lease)
+	lost, cancel, orphans, err := e.st.Heartbeat(ctx, workerID, p, e.cfg.Lease)
 	if err != nil {
 		return nil, err
+	}
+	if len(orphans) > 0 {
+		// Their claim's answer never reached the worker: back to the
+		// flow, or they would hold their slots (and any limit's) while
+		// running nowhere. Release checks each still runs here.
+		o, err := e.st.Release(ctx, workerID, orphans)
+		if err != nil {
+			return nil, err
+		}
+		e.metrics.orphans.Add(float64(len(orphans)))
+		e.log.Warn("released tasks whose claim answer the worker never got", "worker", workerID, "tasks", orphans)
+		e.after(o)
 	}
 	e.takeCancels(workerID) // delivered here instead
 	return &sluice.HeartbeatResult{LeaseExpiresAt: until.UTC(), Lost: nonNil(lost), Cancel: nonNil(cancel)}, nil

@@ -57,11 +57,11 @@ type spyStore struct {
 	beforeClaim func()
 }
 
-func (s *spyStore) Claim(ctx context.Context, workerID string, max int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+func (s *spyStore) Claim(ctx context.Context, workerID string, max int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	if s.beforeClaim != nil {
 		s.beforeClaim()
 	}
-	tasks, err := s.Store.Claim(ctx, workerID, max, lease)
+	tasks, err := s.Store.Claim(ctx, workerID, max, lease, seq)
 	select {
 	case s.claims <- len(tasks):
 	default:

@@ -34,6 +34,9 @@ type Metrics struct {
 	retained        prometheus.Counter
 	leader          prometheus.Gauge
 	sweeps          prometheus.Counter
+	// orphans counts tasks released because their claim's answer never
+	// reached the worker (HeartbeatParams.ClaimsSettled).
+	orphans prometheus.Counter
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -56,7 +59,9 @@ func newMetrics(st store.Store) *Metrics {
 	m.retained = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_tasks_deleted_total", Help: "Finished tasks deleted after the retention period."})
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_leader", Help: "1 while this server runs the background services (the leader of its cluster), else 0."})
 	m.sweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_sweeps_total", Help: "Sweeps run by this server (expired leases, timeouts, dispatch deadlines)."})
-	m.reg.MustRegister(m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimLooksSkipped, m.triggerGroup, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
+	m.orphans = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_orphans_released_total",
+		Help: "Tasks released back to the flow because the answer of the claim that handed them out never reached the worker."})
+	m.reg.MustRegister(m.orphans, m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimLooksSkipped, m.triggerGroup, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
 		&queueCollector{st: st}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

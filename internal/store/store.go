@@ -149,18 +149,23 @@ type Store interface {
 	// Claim leases up to max ready tasks of the worker's kinds, never more
 	// than its free slots, best priority then fair rank first, and extends
 	// the worker's lease to now + lease.
-	Claim(ctx context.Context, workerID string, max int, lease time.Duration) ([]sluice.ClaimedTask, error)
+	// seq is the worker's number for the claim call (0: none), kept on the
+	// tasks for Heartbeat's orphan check.
+	Claim(ctx context.Context, workerID string, max int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error)
 	// Complete ends attempts. A result for an attempt the worker no longer
 	// holds is acknowledged "stale" and dropped.
 	Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff Backoff) ([]sluice.ResultAck, Outcome, error)
-	// CompleteClaim is Complete, then Claim of up to max tasks for the same
+	// CompleteClaim is Complete, then Claim (as c says) for the same
 	// worker, in one transaction: the claim sees the slots the results
 	// freed and the tasks they readied. A worker the store does not know
 	// gets its results acknowledged "stale" and no tasks (no error).
-	CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff Backoff, max int, lease time.Duration) ([]sluice.ResultAck, Outcome, []sluice.ClaimedTask, error)
-	// Heartbeat extends the worker's lease and reports held tasks it lost
-	// and held tasks whose cancellation was requested.
-	Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error)
+	CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff Backoff, c ClaimSpec) ([]sluice.ResultAck, Outcome, []sluice.ClaimedTask, error)
+	// Heartbeat extends the worker's lease and reports held tasks it lost,
+	// held tasks whose cancellation was requested, and orphans: tasks
+	// running on the worker, claimed by a call numbered 1..ClaimsSettled,
+	// that Held does not list (their claim's answer was lost; the caller
+	// releases them).
+	Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel, orphans []int64, err error)
 	// Release hands tasks back unstarted; the attempt is not counted.
 	Release(ctx context.Context, workerID string, ids []int64) (Outcome, error)
 	// DeregisterWorker removes a worker; tasks it still runs are treated
@@ -200,4 +205,16 @@ type Notifier interface {
 // A store that does not implement Leader always leads.
 type Leader interface {
 	TryLead(ctx context.Context) (lost <-chan struct{}, ok bool, err error)
+}
+
+// ClaimSpec is the claim half of CompleteClaim.
+type ClaimSpec struct {
+	Max   int
+	Lease time.Duration
+	Seq   int64 // the worker's number for the claim (see Claim)
+	// Spread claims nothing when another live worker sharing a kind
+	// reported (by its last heartbeat) at least Max free slots: under the
+	// spread policy an idle worker, on whichever server it waits, goes
+	// before a busy one taking its next task with its results.
+	Spread bool
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -102,4 +103,32 @@ func JSONOrNull(b []byte) []byte {
 		return []byte("null")
 	}
 	return b
+}
+
+// HeldCheck compares the tasks running on a worker (owned: id → the
+// number of the claim call that handed each out) with its heartbeat: lost
+// are held tasks not running there; orphans are tasks running there,
+// handed out by a claim numbered 1..ClaimsSettled and not pending, that it
+// does not hold.
+func HeldCheck(owned map[int64]int64, p sluice.HeartbeatParams) (lost, orphans []int64) {
+	held := make(map[int64]bool, len(p.Held))
+	for _, id := range p.Held {
+		held[id] = true
+		if _, ok := owned[id]; !ok {
+			lost = append(lost, id)
+		}
+	}
+	if p.ClaimsSettled > 0 {
+		pending := make(map[int64]bool, len(p.ClaimsPending))
+		for _, seq := range p.ClaimsPending {
+			pending[seq] = true
+		}
+		for id, seq := range owned {
+			if seq > 0 && seq <= p.ClaimsSettled && !pending[seq] && !held[id] {
+				orphans = append(orphans, id)
+			}
+		}
+		slices.Sort(orphans)
+	}
+	return lost, orphans
 }

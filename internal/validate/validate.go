@@ -228,6 +228,9 @@ func Claim(p *sluice.ClaimParams) error {
 	if p.Wait < 0 {
 		return sluice.Invalid("wait", "must not be negative")
 	}
+	if p.Seq < 0 {
+		return sluice.Invalid("seq", "must not be negative")
+	}
 	return nil
 }
 
@@ -238,6 +241,9 @@ func Complete(p *sluice.CompleteParams) error {
 	}
 	if p.Claim < 0 || p.Claim > MaxClaim {
 		return sluice.Invalid("claim", "must be between 0 and %d", MaxClaim)
+	}
+	if p.ClaimSeq < 0 {
+		return sluice.Invalid("claim_seq", "must not be negative")
 	}
 	for i := range p.Results {
 		r := &p.Results[i]
@@ -257,6 +263,10 @@ func Complete(p *sluice.CompleteParams) error {
 	return nil
 }
 
+// maxClaimsPending bounds HeartbeatParams.ClaimsPending: a worker has a
+// claim loop and a completion sender in flight at once.
+const maxClaimsPending = 64
+
 // Heartbeat checks the body of POST /v1/workers/{id}/heartbeat.
 func Heartbeat(p *sluice.HeartbeatParams) error {
 	if p.FreeSlots < 0 || p.FreeSlots > MaxSlots {
@@ -270,6 +280,17 @@ func Heartbeat(p *sluice.HeartbeatParams) error {
 	}
 	if p.P99Latency < 0 {
 		return sluice.Invalid("p99_latency", "must not be negative")
+	}
+	if p.ClaimsSettled < 0 {
+		return sluice.Invalid("claims_settled", "must not be negative")
+	}
+	if len(p.ClaimsPending) > maxClaimsPending {
+		return sluice.Invalid("claims_pending", "more than %d claims", maxClaimsPending)
+	}
+	for i, seq := range p.ClaimsPending {
+		if seq < 1 || seq > p.ClaimsSettled {
+			return sluice.Invalid(fmt.Sprintf("claims_pending[%d]", i), "must be between 1 and claims_settled (%d)", p.ClaimsSettled)
+		}
 	}
 	return ids("held", p.Held)
 }

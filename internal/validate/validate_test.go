@@ -150,6 +150,13 @@ func TestWorkerProtocol(t *testing.T) {
 	check(t, validate.Heartbeat(&sluice.HeartbeatParams{FreeSlots: -1}), "free_slots", "between 0 and")
 	check(t, validate.Heartbeat(&sluice.HeartbeatParams{Held: []int64{1, 0}}), "held[1]", "positive")
 	check(t, validate.Heartbeat(&sluice.HeartbeatParams{Held: make([]int64, validate.MaxBatch+1)}), "held", "more than")
+	check(t, validate.Heartbeat(&sluice.HeartbeatParams{ClaimsSettled: 5, ClaimsPending: []int64{2, 5}}), "", "")
+	check(t, validate.Heartbeat(&sluice.HeartbeatParams{ClaimsSettled: -1}), "claims_settled", "negative")
+	check(t, validate.Heartbeat(&sluice.HeartbeatParams{ClaimsSettled: 5, ClaimsPending: []int64{2, 6}}), "claims_pending[1]", "between 1 and claims_settled")
+	check(t, validate.Heartbeat(&sluice.HeartbeatParams{ClaimsPending: []int64{1}}), "claims_pending[0]", "between 1 and")
+	check(t, validate.Heartbeat(&sluice.HeartbeatParams{ClaimsSettled: 1000, ClaimsPending: make([]int64, 65)}), "claims_pending", "more than 64")
+	check(t, validate.Claim(&sluice.ClaimParams{Max: 1, Seq: -1}), "seq", "negative")
+	check(t, validate.Complete(&sluice.CompleteParams{ClaimSeq: -1}), "claim_seq", "negative")
 
 	check(t, validate.Release(&sluice.ReleaseParams{TaskIDs: []int64{5}}), "", "")
 	check(t, validate.Release(&sluice.ReleaseParams{TaskIDs: []int64{-5}}), "task_ids[0]", "positive")

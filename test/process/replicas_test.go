@@ -156,8 +156,11 @@ func TestPostgresReplicas(t *testing.T) {
 		}
 		return false
 	})
-	rc.servers[0].kill(t)
+	// The worker first: its tasks last 20–60 ms, and with its server
+	// gone first it could finish them through another replica before
+	// its own end, leaving nothing to recover.
 	workers["w1"].kill(t)
+	rc.servers[0].kill(t)
 	killedAt := time.Now()
 
 	// The sweeper runs on one server at a time: over a window, the sweeps

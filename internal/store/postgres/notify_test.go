@@ -86,7 +86,7 @@ func TestPostgresListen(t *testing.T) {
 	require.NoError(t, err)
 	atLeast(3, "enqueue")
 	require.NoError(t, a.RegisterWorker(ctx, store.Worker{ID: "w", Name: "w", Kinds: []string{"q"}, Slots: 1, Lease: time.Minute}))
-	c, err := a.Claim(ctx, "w", 1, time.Minute)
+	c, err := a.Claim(ctx, "w", 1, time.Minute, 0)
 	require.NoError(t, err)
 	require.Len(t, c, 1)
 	n := signals.Load()

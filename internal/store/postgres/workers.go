@@ -119,7 +119,7 @@ const claimSQL = `WITH c AS (
 		ORDER BY x.priority DESC, x.rank, x.id LIMIT $3),
 	claimed AS (
 		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, worker_id = $4, started_at = $2,
-			timeout_at = CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END
+			timeout_at = CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END, claim_seq = $7
 		FROM c WHERE t.id = c.id
 		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE id = 1),
@@ -129,7 +129,7 @@ const claimSQL = `WITH c AS (
 // Claim leases ready tasks to a worker; see store.Store. Three round trips
 // hold the env lock: BEGIN with the lock and the worker's row, the claim
 // statement, and the commit.
-func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
 	w := &claimer{id: workerID}
 	err := s.run(ctx, w.prelude, func(t *txn) error {
@@ -137,7 +137,7 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 			return store.WorkerNotFound(workerID)
 		}
 		var err error
-		out, err = w.claim(t, limit, lease)
+		out, err = w.claim(t, limit, lease, seq)
 		return err
 	})
 	if err != nil {
@@ -165,7 +165,7 @@ func (w *claimer) prelude(t *txn) {
 
 // claim leases up to limit ready tasks to the worker (found), within its
 // free slots, and extends its lease.
-func (w *claimer) claim(t *txn, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	now := fromUS(t.now)
 	leaseUntil := now.Add(lease)
 	n := min(limit, w.slots-w.held)
@@ -179,7 +179,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration) ([]sluice.Claime
 		rank     int64
 	}
 	var got []ranked
-	err := t.query("claim", claimSQL, []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil)},
+	err := t.query("claim", claimSQL, []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil), seq},
 		func(rows pgx.Rows) error {
 			var r ranked
 			c := &r.c
@@ -263,12 +263,22 @@ func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.
 // worker the store does not know gets its results acknowledged stale and
 // no tasks.
 func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
-	limit int, lease time.Duration) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
+	c store.ClaimSpec) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
 	var acks []sluice.ResultAck
 	var claimed []sluice.ClaimedTask
 	var o store.Outcome
 	w := &claimer{id: workerID}
-	err := s.run(ctx, w.prelude, func(t *txn) error {
+	var otherFree int
+	prelude := func(t *txn) {
+		w.prelude(t)
+		if c.Spread && c.Max > 0 {
+			t.queueQuery("claim", otherFreeSQL, []any{workerID, s.now().UnixMicro()}, func(rows pgx.Rows) error {
+				return rows.Scan(&otherFree)
+			})
+		}
+	}
+	limit, lease, seq := c.Max, c.Lease, c.Seq
+	err := s.run(ctx, prelude, func(t *txn) error {
 		var ended int
 		var err error
 		if acks, ended, err = t.complete(workerID, results, backoff); err != nil {
@@ -278,11 +288,11 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 			return err
 		}
 		o.Readied = t.readied
-		if !w.found || limit <= 0 {
+		if !w.found || limit <= 0 || (c.Spread && otherFree >= limit) {
 			return nil
 		}
 		w.held -= ended // the attempts just ended were running here
-		claimed, err = w.claim(t, limit, lease)
+		claimed, err = w.claim(t, limit, lease, seq)
 		return err
 	})
 	if err != nil {
@@ -290,6 +300,12 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 	}
 	return acks, o, claimed, nil
 }
+
+// otherFreeSQL reads the most free slots another live worker sharing a
+// kind with worker $1 reported in its last heartbeat.
+const otherFreeSQL = `SELECT coalesce(max(w.free_slots), 0) FROM workers w
+	WHERE w.id <> $1 AND w.lease_expires_at > $2 AND EXISTS (
+		SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = $1 AND b.worker_id = w.id)`
 
 // complete ends the attempts of a worker's results (the body of Complete)
 // and reports how many it ended.
@@ -363,9 +379,9 @@ func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff sto
 }
 
 // Heartbeat extends a worker's lease; see store.Store.
-func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error) {
+func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel, orphans []int64, err error) {
 	err = s.run(ctx, nil, func(t *txn) error {
-		lost, cancel = nil, nil
+		lost, cancel, orphans = nil, nil, nil
 		now := fromUS(t.now)
 		var updated bool
 		t.b.Queue(`UPDATE workers SET lease_expires_at = $1, last_heartbeat_at = $2, free_slots = $3,
@@ -374,15 +390,15 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 			updated = ct.RowsAffected() > 0
 			return nil
 		})
-		owned := map[int64]bool{}
-		err := t.query("heartbeat", `SELECT id, cancel_requested FROM tasks WHERE state = 'running' AND worker_id = $1`, []any{workerID},
+		owned := map[int64]int64{} // id → claim_seq
+		err := t.query("heartbeat", `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = $1`, []any{workerID},
 			func(rows pgx.Rows) error {
-				var id int64
+				var id, seq int64
 				var cr bool
-				if err := rows.Scan(&id, &cr); err != nil {
+				if err := rows.Scan(&id, &cr, &seq); err != nil {
 					return err
 				}
-				owned[id] = true
+				owned[id] = seq
 				if cr {
 					cancel = append(cancel, id)
 				}
@@ -394,14 +410,10 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 		if !updated {
 			return store.WorkerNotFound(workerID)
 		}
-		for _, id := range p.Held {
-			if !owned[id] {
-				lost = append(lost, id)
-			}
-		}
+		lost, orphans = store.HeldCheck(owned, p)
 		return nil
 	})
-	return lost, cancel, err
+	return lost, cancel, orphans, err
 }
 
 // Release hands claimed tasks back unstarted: they keep their slots and

@@ -117,11 +117,11 @@ type candidate struct {
 const claimChunk = 500
 
 // Claim leases ready tasks to a worker; see store.Store.
-func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
 	err := s.tx(ctx, func(tx *wtx) error {
 		var err error
-		out, err = s.claim(ctx, tx, workerID, limit, lease)
+		out, err = s.claim(ctx, tx, workerID, limit, lease, seq)
 		return err
 	})
 	if err != nil {
@@ -131,7 +131,7 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 }
 
 // claim is the body of Claim, in tx.
-func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration) ([]sluice.ClaimedTask, error) {
+func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
 	now := s.now()
 	leaseUntil := now.Add(lease)
@@ -191,13 +191,13 @@ func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, 
 	var maxRank int64
 	for start := 0; start < len(cands); start += claimChunk {
 		chunk := cands[start:min(start+claimChunk, len(cands))]
-		args := []any{workerID, us(now), us(now) + store.TimeoutGrace.Microseconds()}
+		args := []any{workerID, us(now), us(now) + store.TimeoutGrace.Microseconds(), seq}
 		for _, c := range chunk {
 			args = append(args, c.id)
 			maxRank = max(maxRank, c.rank)
 		}
 		rows, err := tx.QueryContext(ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, worker_id = ?, started_at = ?,
-			timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END
+			timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END, claim_seq = ?
 			WHERE id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND state = 'ready'
 			RETURNING id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at`, args...)
 		if err != nil {
@@ -249,7 +249,8 @@ func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.
 // transaction; see store.Store. A worker the store does not know gets its
 // results acknowledged stale and no tasks.
 func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
-	limit int, lease time.Duration) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
+	c store.ClaimSpec) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
+	limit, lease, seq := c.Max, c.Lease, c.Seq
 	acks := make([]sluice.ResultAck, len(results))
 	var o store.Outcome
 	var claimed []sluice.ClaimedTask
@@ -259,7 +260,19 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 		if err != nil || limit <= 0 {
 			return err
 		}
-		claimed, err = s.claim(ctx, tx, workerID, limit, lease)
+		if c.Spread {
+			var otherFree int
+			if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(w.free_slots), 0) FROM workers w
+				WHERE w.id <> ? AND w.lease_expires_at > ? AND EXISTS (
+					SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = ? AND b.worker_id = w.id)`,
+				workerID, us(s.now()), workerID).Scan(&otherFree); err != nil {
+				return fmt.Errorf("claim: %w", err)
+			}
+			if otherFree >= limit {
+				return nil // an idler worker goes first
+			}
+		}
+		claimed, err = s.claim(ctx, tx, workerID, limit, lease, seq)
 		if errors.Is(err, sluice.ErrNotFound) {
 			claimed, err = nil, nil // the results stand (acknowledged stale)
 		}
@@ -306,9 +319,9 @@ func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff sto
 }
 
 // Heartbeat extends a worker's lease; see store.Store.
-func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel []int64, err error) {
+func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel, orphans []int64, err error) {
 	err = s.tx(ctx, func(tx *wtx) error {
-		lost, cancel = nil, nil
+		lost, cancel, orphans = nil, nil, nil
 		now := s.now()
 		leaseUntil := now.Add(lease)
 		res, err := tx.ExecContext(ctx, `UPDATE workers SET lease_expires_at = ?, last_heartbeat_at = ?, free_slots = ?,
@@ -320,31 +333,30 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 		if n, _ := res.RowsAffected(); n == 0 {
 			return store.WorkerNotFound(workerID)
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
 		if err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
 		defer rows.Close()
-		owned := map[int64]bool{}
+		owned := map[int64]int64{} // id → claim_seq
 		for rows.Next() {
-			var id int64
+			var id, seq int64
 			var cr bool
-			if err := rows.Scan(&id, &cr); err != nil {
+			if err := rows.Scan(&id, &cr, &seq); err != nil {
 				return err
 			}
-			owned[id] = true
+			owned[id] = seq
 			if cr {
 				cancel = append(cancel, id)
 			}
 		}
-		for _, id := range p.Held {
-			if !owned[id] {
-				lost = append(lost, id)
-			}
+		if err := rows.Err(); err != nil {
+			return err
 		}
-		return rows.Err()
+		lost, orphans = store.HeldCheck(owned, p)
+		return nil
 	})
-	return lost, cancel, err
+	return lost, cancel, orphans, err
 }
 
 // Release hands claimed tasks back unstarted: they keep their slots and

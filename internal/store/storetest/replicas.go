@@ -126,7 +126,7 @@ func testReplicaLimits(t *testing.T, nr NewReplicas) {
 					t.Errorf("worker %s: %d of %d tasks done at the deadline", w.id, finished.Load(), total)
 					return
 				}
-				c, err := st.Claim(ctx, w.id, slots, time.Minute)
+				c, err := st.Claim(ctx, w.id, slots, time.Minute, 0)
 				if !assertNoErr(t, err) {
 					return
 				}
@@ -253,16 +253,16 @@ func testReplicaRefill(t *testing.T, nr NewReplicas) {
 	require.NoError(t, err)
 	require.NoError(t, a.RegisterWorker(ctx, store.Worker{ID: "wa", Name: "wa", Kinds: []string{"k"}, Slots: 5, Lease: time.Minute}))
 	require.NoError(t, b.RegisterWorker(ctx, store.Worker{ID: "wb", Name: "wb", Kinds: []string{"k"}, Slots: 5, Lease: time.Minute}))
-	c, err := a.Claim(ctx, "wa", 5, time.Minute)
+	c, err := a.Claim(ctx, "wa", 5, time.Minute, 0)
 	require.NoError(t, err)
 	require.Equal(t, []int64{res[0].Task.ID}, ids(c))
-	c2, err := b.Claim(ctx, "wb", 5, time.Minute)
+	c2, err := b.Claim(ctx, "wb", 5, time.Minute, 0)
 	require.NoError(t, err)
 	require.Empty(t, c2, "the queue's one slot is taken through the other replica")
 	_, o, err := a.Complete(ctx, "wa", []sluice.TaskResult{ok(c[0])}, noBackoff)
 	require.NoError(t, err)
 	require.Equal(t, 1, o.Readied)
-	c2, err = b.Claim(ctx, "wb", 5, time.Minute)
+	c2, err = b.Claim(ctx, "wb", 5, time.Minute, 0)
 	require.NoError(t, err)
 	require.Equal(t, []int64{res[1].Task.ID}, ids(c2))
 	bad, err := a.CheckCounters(ctx)

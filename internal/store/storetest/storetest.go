@@ -73,7 +73,7 @@ func (h *h) worker(id string, slots int, kinds ...string) {
 
 func (h *h) claim(worker string, n int) []sluice.ClaimedTask {
 	h.t.Helper()
-	got, err := h.st.Claim(h.ctx, worker, n, 30*time.Second)
+	got, err := h.st.Claim(h.ctx, worker, n, 30*time.Second, 0)
 	require.NoError(h.t, err)
 	return got
 }
@@ -139,6 +139,7 @@ func Run(t *testing.T, ns NewStore) {
 		"FairRankAcrossKeys":      testFairRank,
 		"WorkerSlots":             testWorkerSlots,
 		"CompleteClaim":           testCompleteClaim,
+		"HeartbeatOrphans":        testHeartbeatOrphans,
 		"RetryReleasesSlot":       testRetryReleasesSlot,
 		"NoRetryAndMaxAttempts":   testNoRetry,
 		"StaleResult":             testStale,
@@ -385,7 +386,7 @@ func testWorkerSlots(t *testing.T, ns NewStore) {
 	require.Empty(t, h.claim("w", 100), "no free slots, no claim")
 	h.complete("w", ok(c[0]))
 	require.Len(t, h.claim("w", 100), 1)
-	_, err := h.st.Claim(h.ctx, "nobody", 1, time.Second)
+	_, err := h.st.Claim(h.ctx, "nobody", 1, time.Second, 0)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
 }
 
@@ -409,7 +410,7 @@ func testCompleteClaim(t *testing.T, ns NewStore) {
 
 	// One result frees one slot of the queue and of the worker: the
 	// claim, asked for 10, gets the one task it readied.
-	acks, o, got, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[0])}, noBackoff, 10, 30*time.Second)
+	acks, o, got, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[0])}, noBackoff, store.ClaimSpec{Max: 10, Lease: 30 * time.Second, Seq: 0})
 	require.NoError(t, err)
 	require.Equal(t, "ok", acks[0].Status)
 	require.Equal(t, 1, o.Readied)
@@ -423,7 +424,7 @@ func testCompleteClaim(t *testing.T, ns NewStore) {
 	// Both results, one a failure without retry: two slots, two tasks,
 	// in trigger order; a repeated (stale) result frees nothing more.
 	acks, _, got, err = h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[1]), ok(c[1]), {TaskID: got[0].ID, Attempt: 1, Error: "boom", NoRetry: true}},
-		noBackoff, 10, 30*time.Second)
+		noBackoff, store.ClaimSpec{Max: 10, Lease: 30 * time.Second, Seq: 0})
 	require.NoError(t, err)
 	require.Equal(t, []string{"ok", "stale", "ok"}, []string{acks[0].Status, acks[1].Status, acks[2].Status})
 	require.Equal(t, taskIDs(tasks[3:5]), ids(got))
@@ -431,27 +432,51 @@ func testCompleteClaim(t *testing.T, ns NewStore) {
 	h.counters()
 
 	// Asking for fewer than the freed slots leaves the rest ready.
-	_, _, got2, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got[0]), ok(got[1])}, noBackoff, 1, 30*time.Second)
+	_, _, got2, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got[0]), ok(got[1])}, noBackoff, store.ClaimSpec{Max: 1, Lease: 30 * time.Second, Seq: 0})
 	require.NoError(t, err)
 	require.Equal(t, []int64{tasks[5].ID}, ids(got2))
 	require.Equal(t, sluice.StateReady, h.state(tasks[6].ID))
 	h.counters()
 
 	// Asking for none is Complete.
-	_, _, none, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got2[0])}, noBackoff, 0, 30*time.Second)
+	_, _, none, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got2[0])}, noBackoff, store.ClaimSpec{Max: 0, Lease: 30 * time.Second, Seq: 0})
 	require.NoError(t, err)
 	require.Empty(t, none)
 	require.Equal(t, sluice.StateSucceeded, h.state(tasks[5].ID))
 	h.counters()
 
+	// Spread: a live worker of the same kind with as many free slots (by
+	// its heartbeat) goes first; one of another kind, or expired, does not.
+	h.worker("idle", 2, "k")
+	h.worker("other-kind", 50, "z")
+	more := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
+	spread := store.ClaimSpec{Max: 2, Lease: 30 * time.Second, Spread: true}
+	_, _, none, err = h.st.CompleteClaim(h.ctx, "w", nil, noBackoff, spread)
+	require.NoError(t, err)
+	require.Empty(t, none, "the idle worker (2 free) goes first")
+	_, _, _, err = h.st.Heartbeat(h.ctx, "idle", sluice.HeartbeatParams{FreeSlots: 1}, 30*time.Second)
+	require.NoError(t, err)
+	_, _, got3, err := h.st.CompleteClaim(h.ctx, "w", nil, noBackoff, spread)
+	require.NoError(t, err)
+	require.Equal(t, []int64{tasks[6].ID, more[0].ID}, ids(got3), "the other worker has fewer free slots")
+	last := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
+	h.tick(time.Minute) // every lease but the asking worker's expires…
+	_, _, _, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: ids(got3)}, 30*time.Second)
+	require.NoError(t, err)
+	_, _, _, err = h.st.Heartbeat(h.ctx, "idle", sluice.HeartbeatParams{FreeSlots: 2}, time.Second)
+	require.NoError(t, err)
+	h.tick(2 * time.Second) // …the idle worker's too
+	_, _, got4, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got3[0]), ok(got3[1])}, noBackoff, spread)
+	require.NoError(t, err)
+	require.Equal(t, taskIDs(last), ids(got4), "an expired worker does not go first")
+	h.complete("w", ok(got4[0]))
+	h.counters()
+
 	// A worker the store does not know: results stale, no tasks, no error.
-	acks, _, got, err = h.st.CompleteClaim(h.ctx, "nobody", []sluice.TaskResult{ok(c[0])}, noBackoff, 10, 30*time.Second)
+	acks, _, got, err = h.st.CompleteClaim(h.ctx, "nobody", []sluice.TaskResult{ok(c[0])}, noBackoff, store.ClaimSpec{Max: 10, Lease: 30 * time.Second, Seq: 0})
 	require.NoError(t, err)
 	require.Equal(t, "stale", acks[0].Status)
 	require.Empty(t, got)
-	require.Equal(t, sluice.StateReady, h.state(tasks[6].ID))
-	c = h.claim("w", 10)
-	require.Equal(t, []int64{tasks[6].ID}, ids(c))
 	h.counters()
 }
 
@@ -643,7 +668,7 @@ func testCancel(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateRunning, got.State, "running: asked, holds its slot")
 	require.True(t, got.CancelRequested)
-	_, cancel, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: ids(c)}, time.Minute)
+	_, cancel, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: ids(c)}, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, ids(c), cancel)
 	h.complete("w", fail(c[0], "cancelled"))
@@ -696,7 +721,7 @@ func testLeaseExpiry(t *testing.T, ns NewStore) {
 	ws, err := h.st.ListWorkers(h.ctx)
 	require.NoError(t, err)
 	require.Len(t, ws, 1, "the dead worker is forgotten")
-	_, _, err = h.st.Heartbeat(h.ctx, "dead", sluice.HeartbeatParams{}, time.Second)
+	_, _, _, err = h.st.Heartbeat(h.ctx, "dead", sluice.HeartbeatParams{}, time.Second)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
 	h.counters()
 }
@@ -708,7 +733,7 @@ func testHeartbeat(t *testing.T, ns NewStore) {
 	c := h.claim("w", 10)
 	for range 5 {
 		h.tick(20 * time.Second)
-		lost, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242),
+		lost, _, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 9, Held: append(ids(c), 424242),
 			Slots: 10, MemoryUsedRatio: 0.5, P99Latency: sluice.Duration(1500 * time.Millisecond)}, 30*time.Second)
 		require.NoError(t, err)
 		require.Equal(t, []int64{424242}, lost)
@@ -725,6 +750,50 @@ func testHeartbeat(t *testing.T, ns NewStore) {
 	require.Equal(t, 1500*time.Millisecond, ws[0].P99Latency.D())
 	require.Equal(t, h.now, ws[0].LastHeartbeatAt)
 	require.Equal(t, h.now.Add(30*time.Second), ws[0].LeaseExpiresAt)
+}
+
+// A heartbeat names as orphans the tasks running on the worker that a
+// claim numbered up to its ClaimsSettled handed out and it does not hold;
+// never tasks of an unnumbered claim, or of one still in flight.
+func testHeartbeatOrphans(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"},
+		store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k")
+	unnumbered := h.claim("w", 1)
+	c1, err := h.st.Claim(h.ctx, "w", 2, 30*time.Second, 1)
+	require.NoError(t, err)
+	require.Equal(t, taskIDs(tasks[1:3]), ids(c1))
+	// Claim 2 rides on a completion of the first task.
+	_, _, c2, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(unnumbered[0])}, noBackoff, store.ClaimSpec{Max: 1, Lease: 30 * time.Second, Seq: 2})
+	require.NoError(t, err)
+	require.Equal(t, []int64{tasks[3].ID}, ids(c2))
+	hb := func(p sluice.HeartbeatParams) []int64 {
+		t.Helper()
+		_, _, orphans, err := h.st.Heartbeat(h.ctx, "w", p, 30*time.Second)
+		require.NoError(t, err)
+		return orphans
+	}
+	// An older worker (no numbers) is never second-guessed.
+	require.Empty(t, hb(sluice.HeartbeatParams{}))
+	// Claim 1 settled, its second task missing: an orphan. Claim 2 is
+	// still in flight (beyond settled, or pending): its task is not.
+	require.Equal(t, []int64{tasks[2].ID}, hb(sluice.HeartbeatParams{Held: ids(c1[:1]), ClaimsSettled: 1}))
+	require.Equal(t, []int64{tasks[2].ID}, hb(sluice.HeartbeatParams{Held: ids(c1[:1]), ClaimsSettled: 3, ClaimsPending: []int64{2}}))
+	require.Empty(t, hb(sluice.HeartbeatParams{Held: ids(c1[:1]), ClaimsSettled: 2, ClaimsPending: []int64{1, 2}}))
+	require.Equal(t, []int64{tasks[2].ID, tasks[3].ID}, hb(sluice.HeartbeatParams{Held: ids(c1[:1]), ClaimsSettled: 2}))
+	require.Empty(t, hb(sluice.HeartbeatParams{Held: append(ids(c1), ids(c2)...), ClaimsSettled: 2}))
+	// Heartbeats only report: the store releases orphans on Release.
+	require.Equal(t, sluice.StateRunning, h.state(tasks[2].ID))
+	_, err = h.st.Release(h.ctx, "w", []int64{tasks[2].ID})
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateReady, h.state(tasks[2].ID))
+	// Claimed again, by an unnumbered claim: its old number is gone.
+	again := h.claim("w", 10)
+	require.Equal(t, []int64{tasks[2].ID, tasks[4].ID}, ids(again))
+	require.Equal(t, 1, again[0].Attempt, "a released attempt is not counted")
+	require.Empty(t, hb(sluice.HeartbeatParams{Held: ids(c1[:1]), ClaimsSettled: 1}))
+	h.counters()
 }
 
 func testTimeout(t *testing.T, ns NewStore) {
@@ -861,7 +930,7 @@ func testConcurrentCompletions(t *testing.T, ns NewStore) {
 		go func() {
 			defer wg.Done()
 			for range 400 {
-				c, err := h.st.Claim(h.ctx, id, 5, time.Minute)
+				c, err := h.st.Claim(h.ctx, id, 5, time.Minute, 0)
 				if !assertNoErr(t, err) {
 					return
 				}
@@ -952,7 +1021,7 @@ func testShortfall(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, []store.Shortfall{{Queue: "mail", Kind: "mail", Waiting: 1}}, sf, "a worker with free slots covers resize")
 	h.claim("w", 1)
-	_, _, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 0}, 30*time.Second)
+	_, _, _, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 0}, 30*time.Second)
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "resize"})
 	sf, err = h.st.Shortfall(h.ctx)
