@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/testutil"
 	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 )
@@ -18,35 +17,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of loggers,
-// workers and the demo.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // testApp is an app with a fake environment and captured output. Its exit
 // records the status instead of exiting.
 type testApp struct {
 	*app
-	stdout, stderr *syncBuffer
+	stdout, stderr *testutil.SyncBuffer
 	exited         chan int
 }
 
 func newTestApp(env map[string]string) *testApp {
-	ta := &testApp{stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan int, 1)}
+	ta := &testApp{stdout: &testutil.SyncBuffer{}, stderr: &testutil.SyncBuffer{}, exited: make(chan int, 1)}
 	ta.app = &app{
 		stdout: ta.stdout,
 		stderr: ta.stderr,

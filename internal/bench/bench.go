@@ -364,3 +364,14 @@ func ratio(a, b Millis) float64 {
 
 // errTimeout reports a scenario that did not finish in Config.Timeout.
 var errTimeout = errors.New("timed out")
+
+// begin starts a scenario: cfg with defaults, checked, and ctx bounded by
+// its timeout.
+func begin(ctx context.Context, cfg Config) (Config, context.Context, context.CancelFunc, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, ctx, func() {}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	return cfg, ctx, cancel, nil
+}

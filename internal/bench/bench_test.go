@@ -1,13 +1,11 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store/pgtest"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // tiny is a configuration that runs every scenario in a few seconds: it
@@ -29,33 +28,15 @@ func tiny(t testing.TB, out io.Writer) Config {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the harness's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestHarness(t *testing.T) {
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	checkHarness(t, tiny(t, &out), &out)
 }
 
 // TestHarnessPostgres runs every scenario on PostgreSQL, each in a schema
 // of its own that it drops.
 func TestHarnessPostgres(t *testing.T) {
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cfg := tiny(t, &out)
 	cfg.DB = pgtest.BaseURL(t)
 	res := checkHarness(t, cfg, &out)
@@ -63,7 +44,7 @@ func TestHarnessPostgres(t *testing.T) {
 	require.Contains(t, res.Markdown(""), "- Database: PostgreSQL")
 }
 
-func checkHarness(t *testing.T, cfg Config, out *syncBuffer) *Results {
+func checkHarness(t *testing.T, cfg Config, out *testutil.SyncBuffer) *Results {
 	res, err := Run(context.Background(), cfg)
 	require.NoError(t, err, out.String())
 

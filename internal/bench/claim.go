@@ -44,11 +44,10 @@ const (
 // ready no-op tasks; then times cfg.Claims claims of the unbounded
 // queue's tasks.
 func RunClaimBlocked(ctx context.Context, cfg Config, blocked int) (*ClaimResult, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, ctx, cancel, err := begin(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	s, err := setupBlocked(ctx, &cfg, blocked)
 	if err != nil {

@@ -65,11 +65,10 @@ const triggerSenders = 32
 // as succeeded, which measures how long a completion takes to become
 // visible to everyone else (the same method as bench/peers/river).
 func RunLatency(ctx context.Context, cfg Config) (*LatencyResult, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, ctx, cancel, err := begin(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	n := max(1, int(math.Round(float64(cfg.Rate)*cfg.Duration.Seconds())))

@@ -38,11 +38,10 @@ type SlowResult struct {
 // cfg.SlowLimit, starts the worker, and compares the time they take with
 // the ideal.
 func RunSlowLimited(ctx context.Context, cfg Config) (*SlowResult, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, ctx, cancel, err := begin(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	r := &SlowResult{Tasks: cfg.SlowTasks, Limit: cfg.SlowLimit, SleepMS: float64(ms(cfg.SlowSleep))}

@@ -79,11 +79,10 @@ func (s Shape) label(cfg *Config) string {
 // RunThroughput pre-enqueues cfg.Tasks no-op tasks shaped by shape, then
 // starts the worker and measures how fast they complete.
 func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputResult, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, ctx, cancel, err := begin(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	r := &ThroughputResult{Shape: shape, Label: shape.label(&cfg), Tasks: cfg.Tasks}

@@ -1,7 +1,6 @@
 package ledger_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/ledger"
+	"github.com/sluice-dev/sluice/internal/testutil"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -237,7 +236,7 @@ func TestWorkerComesBackAfterLeaseLoss(t *testing.T) {
 	l := ledger.New(ledger.Limits{})
 	cut := newCrashable(h.b, func() bool { return true })
 	cfg := workerConfig("partitioned", 4)
-	var logs syncBuffer // shown if the test fails
+	var logs testutil.SyncBuffer // shown if the test fails
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w := sluice.NewWorker(cut, cfg)
 	w.Register("k", recorder(l, "partitioned", 0))
@@ -270,22 +269,4 @@ func TestWorkerComesBackAfterLeaseLoss(t *testing.T) {
 		t.Logf("workers %+v (err %v)", ws, err)
 		t.Logf("worker log:\n%s", logs.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
