@@ -577,7 +577,13 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		epoch := e.disp.epochNow()
 		acks, o, tasks, err = e.st.CompleteClaim(ctx, workerID, p.Results, e.cfg.Backoff,
 			store.ClaimSpec{Max: p.Claim, Lease: e.cfg.Lease, Seq: p.ClaimSeq, Spread: e.cfg.Dispatch == DispatchSpread})
-		if err == nil {
+		switch {
+		case err != nil:
+		case o.Yielded:
+			// It did not look: wake as a plain completion does, the
+			// worker's own long-poll included.
+			piggyback = false
+		default:
 			e.looked(workerID, p.Claim, tasks, epoch, time.Time{})
 		}
 	} else {

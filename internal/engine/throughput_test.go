@@ -147,3 +147,26 @@ func histogram(t *testing.T, f *fixture, name string) histogramValue {
 	t.Fatalf("no metric %s", name)
 	return histogramValue{}
 }
+
+// Under spread, a completion's claim yields to another worker that
+// reported more free slots (waiting, perhaps, on another server) — and
+// then the completing worker's own long-poll must still be woken for
+// what the completion readied, or the task would sit ready while the
+// only waiting claim sleeps out its wait.
+func TestCompleteClaimYieldWakesOwnLongPoll(t *testing.T) {
+	f := newFixture(t, engine.Config{Dispatch: engine.DispatchSpread})
+	f.putQueue("one", 1)
+	busy := f.register("k")
+	f.register("k") // idle by its registration (100 free slots), not waiting here
+	first := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
+	second := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
+	require.Len(t, f.claim(busy, 1), 1)
+	parked := f.parkClaim(busy, 5*time.Second)
+
+	res, err := f.e.Complete(f.ctx, busy, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: first.ID, Attempt: 1}}, Claim: 5})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks, "the idler worker goes first under spread")
+	got, _ := awaitClaim(t, parked, 5*time.Second)
+	require.Len(t, got.Tasks, 1, "the long-poll was not woken for the readied task")
+	require.Equal(t, second.ID, got.Tasks[0].ID)
+}

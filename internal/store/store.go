@@ -55,6 +55,9 @@ type Limits struct {
 // can wake long-polling workers).
 type Outcome struct {
 	Readied int
+	// Yielded: a CompleteClaim under ClaimSpec.Spread claimed nothing
+	// because another worker goes first.
+	Yielded bool
 }
 
 // Worker is a registered worker.

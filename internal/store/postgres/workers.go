@@ -288,7 +288,10 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 			return err
 		}
 		o.Readied = t.readied
-		if !w.found || limit <= 0 || (c.Spread && otherFree >= limit) {
+		if c.Spread && otherFree >= limit && limit > 0 {
+			o.Yielded = true
+		}
+		if !w.found || limit <= 0 || o.Yielded {
 			return nil
 		}
 		w.held -= ended // the attempts just ended were running here

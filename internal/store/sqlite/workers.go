@@ -269,7 +269,8 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 				return fmt.Errorf("claim: %w", err)
 			}
 			if otherFree >= limit {
-				return nil // an idler worker goes first
+				o.Yielded = true // an idler worker goes first
+				return nil
 			}
 		}
 		claimed, err = s.claim(ctx, tx, workerID, limit, lease, seq)

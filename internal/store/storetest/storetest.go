@@ -451,13 +451,15 @@ func testCompleteClaim(t *testing.T, ns NewStore) {
 	h.worker("other-kind", 50, "z")
 	more := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
 	spread := store.ClaimSpec{Max: 2, Lease: 30 * time.Second, Spread: true}
-	_, _, none, err = h.st.CompleteClaim(h.ctx, "w", nil, noBackoff, spread)
+	_, o, none, err = h.st.CompleteClaim(h.ctx, "w", nil, noBackoff, spread)
 	require.NoError(t, err)
 	require.Empty(t, none, "the idle worker (2 free) goes first")
+	require.True(t, o.Yielded)
 	_, _, _, err = h.st.Heartbeat(h.ctx, "idle", sluice.HeartbeatParams{FreeSlots: 1}, 30*time.Second)
 	require.NoError(t, err)
-	_, _, got3, err := h.st.CompleteClaim(h.ctx, "w", nil, noBackoff, spread)
+	_, o, got3, err := h.st.CompleteClaim(h.ctx, "w", nil, noBackoff, spread)
 	require.NoError(t, err)
+	require.False(t, o.Yielded)
 	require.Equal(t, []int64{tasks[6].ID, more[0].ID}, ids(got3), "the other worker has fewer free slots")
 	last := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
 	h.tick(time.Minute) // every lease but the asking worker's expires…
