@@ -31,16 +31,24 @@ type fakeBackend struct {
 	completeSize []int
 	released     []int64
 	heartbeats   []HeartbeatParams
+	completes    []CompleteParams // every complete call, failed ones too
+	piggybacked  int64            // tasks handed out with completions
 	deregistered bool
 
 	// Behaviour.
-	claimErrs          int   // fail this many claims
-	completeErrs       int   // fail this many completes
-	heartbeatErr       error // fail every heartbeat
-	completeDelay      time.Duration
-	pendingClaimCancel []int64
-	pendingHBCancel    []int64
-	pendingLost        []int64
+	claimErrs     int   // fail this many claims
+	completeErrs  int   // fail this many completes
+	heartbeatErr  error // fail every heartbeat
+	completeDelay time.Duration
+	// piggyback makes Complete hand out up to CompleteParams.Claim ready
+	// tasks, as the server does.
+	piggyback bool
+	// loseCompleteAnswers fails this many completes that claimed tasks
+	// after handing them out (the answer lost on the way back).
+	loseCompleteAnswers int
+	pendingClaimCancel  []int64
+	pendingHBCancel     []int64
+	pendingLost         []int64
 	// checkClaim, when set, runs under the lock at each claim.
 	checkClaim func(p ClaimParams, claimedSoFar int64)
 	// claimHook, when set, replaces Claim.
@@ -243,6 +251,7 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.completes = append(f.completes, CompleteParams{Results: slices.Clone(p.Results), Claim: p.Claim, ClaimSeq: p.ClaimSeq})
 	if f.down {
 		return nil, errFakeDown
 	}
@@ -262,6 +271,26 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 			f.results[r.TaskID] = append(f.results[r.TaskID], r)
 		}
 		res.Results[i] = ResultAck{TaskID: r.TaskID, Status: status}
+	}
+	if f.piggyback && p.Claim > 0 {
+		// As the server: never more than the worker's free slots by
+		// its count (tasks leased and not yet completed).
+		free := f.registered[len(f.registered)-1].Slots - len(f.leased)
+		n := max(0, min(p.Claim, len(f.ready), free))
+		res.Tasks = slices.Clone(f.ready[:n])
+		f.ready = f.ready[n:]
+		now := time.Now()
+		for i := range res.Tasks {
+			t := &res.Tasks[i]
+			t.StartedAt, t.LeaseExpiresAt = now, now.Add(f.lease)
+			f.leased[t.ID] = t.Attempt
+		}
+		f.claimed += int64(n)
+		f.piggybacked += int64(n)
+		if n > 0 && f.loseCompleteAnswers > 0 {
+			f.loseCompleteAnswers--
+			return nil, errors.New("fake: connection reset after the complete committed")
+		}
 	}
 	f.waiters = slices.DeleteFunc(f.waiters, func(w resultWaiter) bool {
 		if len(f.results) >= w.n {

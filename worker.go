@@ -236,6 +236,12 @@ type Worker struct {
 
 	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 
+	// asking counts the slots promised to claims in flight (the claim
+	// loop's and a completion's): what one asks for, the other does not,
+	// so together they never ask for more than the free slots.
+	askMu  sync.Mutex
+	asking int64
+
 	stopping  atomic.Bool // no new handler starts
 	results   chan *taskRun
 	flush     chan struct{} // closed: completer sends what is left and exits
@@ -579,8 +585,7 @@ func (w *Worker) claimLoop(ctx context.Context) {
 		}
 	}
 	for ctx.Err() == nil {
-		free := w.free.Load()
-		if free == 0 {
+		if w.available() <= 0 {
 			select {
 			case <-w.slotFreed:
 			case <-ctx.Done():
@@ -592,11 +597,15 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			pause(wait)
 			continue
 		}
-		n := min(free, int64(limit))
+		n := w.reserve(int64(limit))
+		if n == 0 {
+			continue // a completion's claim took them meanwhile
+		}
 		id := w.ID()
 		seq := w.seqs.begin()
 		res, err := w.b.Claim(ctx, id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait), Seq: seq})
 		if err != nil {
+			w.unreserve(n)
 			w.seqs.end(seq) // any tasks it claimed are lost with the answer
 			if ctx.Err() != nil {
 				return
@@ -619,6 +628,7 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			// the shutdown releases them.
 			w.start(res.Tasks, n, ctx.Err() == nil)
 		}
+		w.unreserve(n)
 		w.seqs.end(seq) // its tasks are held now
 	}
 }
@@ -973,6 +983,7 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 			var ok bool
 			claimed, ok = w.send(ctx, params, asked, seq)
 			if !ok {
+				w.unreserve(asked)
 				w.seqs.end(seq)
 				return
 			}
@@ -990,17 +1001,50 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 				w.startReleased(ctx, claimed)
 			}
 		}
+		w.unreserve(asked)
 		w.seqs.end(seq) // its tasks are held (or released) now
 	}
 }
 
-// piggyback is how many tasks a complete call asks for: the free slots,
-// within the claim limit, while claiming goes on.
+// piggyback reserves how many tasks a complete call asks for: the free
+// slots no claim in flight asked for, within the claim limit, while
+// claiming goes on.
 func (w *Worker) piggyback(runCtx context.Context) int64 {
 	if runCtx.Err() != nil || w.stopping.Load() {
 		return 0
 	}
-	return max(0, min(w.free.Load(), int64(w.bp.piggybackLimit())))
+	return w.reserve(int64(w.bp.piggybackLimit()))
+}
+
+// available is the free slots no claim in flight asked for.
+func (w *Worker) available() int64 {
+	w.askMu.Lock()
+	defer w.askMu.Unlock()
+	return w.free.Load() - w.asking
+}
+
+// reserve promises up to limit available slots to a claim about to be
+// sent and returns how many; unreserve gives them back once its tasks
+// (which take slots of their own in start) are in.
+func (w *Worker) reserve(limit int64) int64 {
+	w.askMu.Lock()
+	defer w.askMu.Unlock()
+	n := max(0, min(w.free.Load()-w.asking, limit))
+	w.asking += n
+	return n
+}
+
+func (w *Worker) unreserve(n int64) {
+	if n == 0 {
+		return
+	}
+	w.askMu.Lock()
+	w.asking -= n
+	w.askMu.Unlock()
+	select {
+	case w.slotFreed <- struct{}{}: // the claim loop may ask for them now
+	default:
+	}
 }
 
 // startReleased releases tasks that arrived after claiming stopped.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -734,4 +736,147 @@ func TestWorkerID(t *testing.T) {
 	w.Register("test", noop)
 	runWorker(t, w)
 	require.Eventually(t, func() bool { return w.ID() == "w1" }, waitFor, tick)
+}
+
+// A busy worker takes its next tasks with its completions (CompleteParams
+// Claim, numbered by ClaimSeq like its claims' Seq): every task runs once,
+// never more at once than the slots, and its heartbeats say which claims
+// are settled — an idle worker's long-poll is the one pending.
+func TestWorkerPiggybackedClaims(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.piggyback = true
+	const slots, n = 4, 200
+	var running, peak atomic.Int64
+	w := newTestWorker(f, WorkerConfig{Slots: slots})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		now := running.Add(1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		running.Add(-1)
+		return nil, nil
+	})
+	runWorker(t, w)
+	ids := f.add(n, ClaimedTask{})
+	<-f.resultsReached(n)
+
+	require.LessOrEqual(t, peak.Load(), int64(slots))
+	f.mu.Lock()
+	results, reported, piggybacked := maps.Clone(f.results), maps.Clone(f.reported), f.piggybacked
+	claims, completes := slices.Clone(f.claims), slices.Clone(f.completes)
+	f.mu.Unlock() // before any assertion: a failing one must not leave it locked
+	for _, id := range ids {
+		require.Len(t, results[id], 1, "task %d", id)
+		require.Equal(t, 1, reported[id], "task %d reported once", id)
+	}
+	require.Positive(t, piggybacked, "no task came with a completion")
+	seqs := map[int64]string{}
+	for _, c := range claims {
+		require.Positive(t, c.Seq, "a claim without a number")
+		require.Empty(t, seqs[c.Seq], "claim number %d used twice", c.Seq)
+		seqs[c.Seq] = "claim"
+	}
+	for _, c := range completes {
+		if c.Claim == 0 {
+			require.Zero(t, c.ClaimSeq, "a completion that claims nothing has no number")
+			continue
+		}
+		require.LessOrEqual(t, c.Claim, slots)
+		require.Positive(t, c.ClaimSeq, "a completion that claims without a number")
+		require.Empty(t, seqs[c.ClaimSeq], "claim number %d used twice", c.ClaimSeq)
+		seqs[c.ClaimSeq] = "complete"
+	}
+
+	// Idle now: the long-poll in flight is the only pending claim, and
+	// every other number was used once.
+	var hb HeartbeatParams
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		hb = f.heartbeats[len(f.heartbeats)-1]
+		return len(hb.Held) == 0 && len(hb.ClaimsPending) == 1 && hb.ClaimsSettled >= int64(len(seqs))
+	}, waitFor, tick)
+	for seq := int64(1); seq <= hb.ClaimsSettled; seq++ {
+		if seq != hb.ClaimsPending[0] {
+			require.NotEmpty(t, seqs[seq], "claim number %d was not used", seq)
+		}
+	}
+	require.Empty(t, seqs[hb.ClaimsPending[0]], "the pending claim has not been answered")
+}
+
+// When a completion's answer is lost after the server handed it tasks,
+// the worker sends the results again claiming nothing (it cannot lose
+// more), and its heartbeats then count that claim as settled without
+// holding its tasks: the server releases them (see the ledger test
+// TestLostClaimAnswerIsReleased).
+func TestWorkerLostCompletionAnswer(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.piggyback = true
+	f.loseCompleteAnswers = 1
+	// The worker's own claims: the first task, then a long-poll that
+	// never answers, so the next task can only come with a completion.
+	var calls atomic.Int32
+	f.claimHook = func(ctx context.Context, p ClaimParams) (*ClaimResult, error) {
+		if calls.Add(1) == 1 {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for len(f.ready) == 0 {
+				f.mu.Unlock()
+				time.Sleep(tick)
+				f.mu.Lock()
+			}
+			task := f.ready[0]
+			f.ready = f.ready[1:]
+			f.leased[task.ID] = task.Attempt
+			return &ClaimResult{Tasks: []ClaimedTask{task}}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	started, gate := make(chan int64, 10), make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 2, ShutdownTimeout: time.Millisecond})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		started <- tc.ID
+		<-gate
+		return nil, nil
+	})
+	runWorker(t, w)
+	first := f.add(1, ClaimedTask{})[0]
+	require.Equal(t, first, <-started)
+	orphans := f.add(1, ClaimedTask{}) // handed out with the first result, answer lost
+	close(gate)
+	<-f.resultsReached(1)
+
+	var lost, retry CompleteParams
+	ok := assert.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for i, c := range f.completes {
+			if c.Claim > 0 && i+1 < len(f.completes) && f.piggybacked > 0 {
+				lost, retry = c, f.completes[i+1]
+				return true
+			}
+		}
+		return false
+	}, waitFor, tick)
+	if !ok {
+		f.mu.Lock()
+		completes, piggybacked := slices.Clone(f.completes), f.piggybacked
+		f.mu.Unlock()
+		t.Fatalf("completes %+v, piggybacked %d, claim hook calls %d", completes, piggybacked, calls.Load())
+	}
+	require.Zero(t, retry.Claim, "the retry must not claim")
+	require.Zero(t, retry.ClaimSeq)
+	require.Equal(t, lost.Results, retry.Results)
+	require.Equal(t, first, lost.Results[0].TaskID)
+	require.Positive(t, lost.ClaimSeq)
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		hb := f.heartbeats[len(f.heartbeats)-1]
+		return hb.ClaimsSettled >= lost.ClaimSeq && !slices.Contains(hb.ClaimsPending, lost.ClaimSeq) &&
+			!slices.Contains(hb.Held, orphans[0])
+	}, waitFor, tick)
 }
