@@ -218,16 +218,8 @@ func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams)
 				f.checkClaim(p, f.claimed)
 			}
 			n := min(p.Max, len(f.ready))
-			res := &ClaimResult{Tasks: slices.Clone(f.ready[:n]), Cancel: f.pendingClaimCancel}
-			f.ready = f.ready[n:]
+			res := &ClaimResult{Tasks: f.leaseOutLocked(n), Cancel: f.pendingClaimCancel}
 			f.pendingClaimCancel = nil
-			now := time.Now()
-			for i := range res.Tasks {
-				t := &res.Tasks[i]
-				t.StartedAt, t.LeaseExpiresAt = now, now.Add(f.lease)
-				f.leased[t.ID] = t.Attempt
-			}
-			f.claimed += int64(n)
 			f.claimSizes = append(f.claimSizes, n)
 			f.mu.Unlock()
 			return res, nil
@@ -277,15 +269,7 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 		// its count (tasks leased and not yet completed).
 		free := f.registered[len(f.registered)-1].Slots - len(f.leased)
 		n := max(0, min(p.Claim, len(f.ready), free))
-		res.Tasks = slices.Clone(f.ready[:n])
-		f.ready = f.ready[n:]
-		now := time.Now()
-		for i := range res.Tasks {
-			t := &res.Tasks[i]
-			t.StartedAt, t.LeaseExpiresAt = now, now.Add(f.lease)
-			f.leased[t.ID] = t.Attempt
-		}
-		f.claimed += int64(n)
+		res.Tasks = f.leaseOutLocked(n)
 		f.piggybacked += int64(n)
 		if n > 0 && f.loseCompleteAnswers > 0 {
 			f.loseCompleteAnswers--
@@ -367,4 +351,18 @@ func (f *fakeBackend) ResumeQueue(context.Context, string) (*Queue, error) {
 }
 func (f *fakeBackend) ListWorkers(context.Context) ([]WorkerInfo, error) {
 	return nil, errFakeUnimplemented
+}
+
+// leaseOutLocked hands out the first n ready tasks (f.mu held).
+func (f *fakeBackend) leaseOutLocked(n int) []ClaimedTask {
+	tasks := slices.Clone(f.ready[:n])
+	f.ready = f.ready[n:]
+	now := time.Now()
+	for i := range tasks {
+		t := &tasks[i]
+		t.StartedAt, t.LeaseExpiresAt = now, now.Add(f.lease)
+		f.leased[t.ID] = t.Attempt
+	}
+	f.claimed += int64(n)
+	return tasks
 }
