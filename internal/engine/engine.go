@@ -632,14 +632,17 @@ func (e *Engine) Heartbeat(ctx context.Context, workerID string, p sluice.Heartb
 	if len(orphans) > 0 {
 		// Their claim's answer never reached the worker: back to the
 		// flow, or they would hold their slots (and any limit's) while
-		// running nowhere. Release checks each still runs here.
-		o, err := e.st.Release(ctx, workerID, orphans)
-		if err != nil {
-			return nil, err
+		// running nowhere. Release checks each still runs here. The
+		// heartbeat itself is recorded: a failed release is logged and
+		// tried again with the next one, not reported as a failed
+		// heartbeat.
+		if o, err := e.st.Release(ctx, workerID, orphans); err != nil {
+			e.log.Error("releasing tasks whose claim answer the worker never got", "worker", workerID, "tasks", orphans, "err", err)
+		} else {
+			e.metrics.orphans.Add(float64(len(orphans)))
+			e.log.Warn("released tasks whose claim answer the worker never got", "worker", workerID, "tasks", orphans)
+			e.after(o)
 		}
-		e.metrics.orphans.Add(float64(len(orphans)))
-		e.log.Warn("released tasks whose claim answer the worker never got", "worker", workerID, "tasks", orphans)
-		e.after(o)
 	}
 	e.takeCancels(workerID) // delivered here instead
 	return &sluice.HeartbeatResult{LeaseExpiresAt: until.UTC(), Lost: nonNil(lost), Cancel: nonNil(cancel)}, nil
