@@ -27,7 +27,7 @@ func init() {
 }
 
 type benchFlags struct {
-	tasks, slots, claimBatch, enqueueBatch int
+	tasks, slots, workers, claimBatch, enqueueBatch int
 	limit, keys                            int
 	rate                                   int
 	duration, timeout                      time.Duration
@@ -127,6 +127,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs := cmd.Flags()
 	fs.IntVar(&f.tasks, "tasks", bench.DefaultTasks, "tasks per throughput scenario (a, b)")
 	fs.IntVar(&f.slots, "slots", bench.DefaultSlots, "slots of the worker")
+	fs.IntVar(&f.workers, "workers", 1, "workers the throughput scenarios (a, b) start, each with --slots")
 	fs.IntVar(&f.claimBatch, "claim-batch", bench.DefaultClaimBatch, "most tasks the worker asks for in one claim")
 	fs.IntVar(&f.enqueueBatch, "enqueue-batch", bench.DefaultEnqueueBatch, "tasks per Engine.TriggerMany call when pre-enqueueing")
 	fs.IntVar(&f.limit, "limit", bench.DefaultLimit, "queue concurrency limit of (b)")
@@ -193,14 +194,14 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		}
 	}
 	cfg := bench.Config{
-		Tasks: f.tasks, Slots: f.slots, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
+		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
 		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep,
 		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
 	}
 	// Zero would mean "default" to bench.Config: reject it here.
-	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
+	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "workers": f.workers, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
 		"limit": f.limit, "keys": f.keys, "rate": f.rate, "claims": f.claims, "claim-max": f.claimMax,
 		"slow-tasks": f.slowTasks, "slow-limit": f.slowLimit} {
 		if v < 1 {

@@ -40,6 +40,9 @@ type Config struct {
 	Tasks int
 	// Slots of the worker. Defaults to 1000.
 	Slots int
+	// Workers is how many workers (each with Slots) the throughput
+	// scenarios (a) and (b) start. Defaults to 1.
+	Workers int
 	// ClaimBatch is the worker's most tasks per claim. Defaults to
 	// DefaultClaimBatch.
 	ClaimBatch int
@@ -161,6 +164,7 @@ func (c Config) WithDefaults() Config {
 	}
 	def(&c.Tasks, DefaultTasks)
 	def(&c.Slots, DefaultSlots)
+	def(&c.Workers, 1)
 	def(&c.ClaimBatch, DefaultClaimBatch)
 	def(&c.EnqueueBatch, DefaultEnqueueBatch)
 	def(&c.Limit, DefaultLimit)
@@ -211,6 +215,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("tasks: must be ≥ 1, got %d", c.Tasks)
 	case c.Slots < 1 || c.Slots > 100000:
 		return fmt.Errorf("slots: must be between 1 and 100000, got %d", c.Slots)
+	case c.Workers < 1 || c.Workers > 64:
+		return fmt.Errorf("workers: must be between 1 and 64, got %d", c.Workers)
 	case c.ClaimBatch < 1 || c.ClaimBatch > 10000:
 		return fmt.Errorf("claim-batch: must be between 1 and 10000, got %d", c.ClaimBatch)
 	case c.EnqueueBatch < 1:
@@ -267,6 +273,7 @@ type Results struct {
 	Database string `json:"database"`
 	// Settings of the run that shape the numbers.
 	Slots      int `json:"slots"`
+	Workers    int `json:"workers"`
 	ClaimBatch int `json:"claim_batch"`
 	// DroppedIndexes is Config.DropIndexes: not the shipped schema.
 	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
@@ -296,7 +303,7 @@ func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 	}
 	res := &Results{
 		Date: time.Now().UTC(), Machine: DescribeMachine(), LoadStart: loadAvg(), LoadEnd: -1,
-		Worker: cfg.Worker.String(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, DroppedIndexes: cfg.DropIndexes,
+		Worker: cfg.Worker.String(), Slots: cfg.Slots, Workers: cfg.Workers, ClaimBatch: cfg.ClaimBatch, DroppedIndexes: cfg.DropIndexes,
 	}
 	defer func() { res.LoadEnd = loadAvg() }()
 	if res.Database, err = describeDB(ctx, cfg); err != nil {

@@ -110,7 +110,11 @@ func (r *Results) Markdown(command string) string {
 	if r.Database != "" {
 		p("- Database: %s\n", r.Database)
 	}
-	p("- Worker: %s, %d slots, claim batch %d\n", r.Worker, r.Slots, r.ClaimBatch)
+	if r.Workers > 1 {
+		p("- Workers ((a), (b)): %d × %s, %d slots each, claim batch %d\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch)
+	} else {
+		p("- Worker: %s, %d slots, claim batch %d\n", r.Worker, r.Slots, r.ClaimBatch)
+	}
 	if len(r.DroppedIndexes) > 0 {
 		p("- **Experiment: indexes dropped from the schema: %s** (not the shipped schema)\n", strings.Join(r.DroppedIndexes, ", "))
 	}

@@ -133,7 +133,7 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 		cfg.measuring(true)
 	}
 	start, cpu0 := time.Now(), processCPU()
-	stopWorker, err := cfg.Worker.Start(ctx, spec)
+	stopWorker, err := startWorkers(ctx, cfg.Worker, spec, cfg.Workers)
 	if err != nil {
 		_ = stopProfile()
 		return nil, err

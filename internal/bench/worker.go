@@ -192,3 +192,28 @@ func (b *tailBuffer) String() string {
 	defer b.mu.Unlock()
 	return strings.TrimSpace(b.buf.String())
 }
+
+// startWorkers starts n workers of spec; the stop function stops them all
+// and adds up their CPU time.
+func startWorkers(ctx context.Context, ws WorkerStarter, spec WorkerSpec, n int) (StopFunc, error) {
+	stops := make([]StopFunc, 0, n)
+	stopAll := func() (time.Duration, error) {
+		var cpu time.Duration
+		var errs []error
+		for _, stop := range stops {
+			c, err := stop()
+			cpu += c
+			errs = append(errs, err)
+		}
+		return cpu, errors.Join(errs...)
+	}
+	for range n {
+		stop, err := ws.Start(ctx, spec)
+		if err != nil {
+			_, _ = stopAll()
+			return nil, err
+		}
+		stops = append(stops, stop)
+	}
+	return stopAll, nil
+}
