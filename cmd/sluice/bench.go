@@ -28,19 +28,19 @@ func init() {
 
 type benchFlags struct {
 	tasks, slots, workers, claimBatch, enqueueBatch int
-	limit, keys                            int
-	rate                                   int
-	duration, timeout                      time.Duration
-	blocked                                []int
-	claims, claimMax                       int
-	slowTasks, slowLimit                   int
-	slowSleep                              time.Duration
-	bulk                                   string
-	only                                   []string
-	quick, inProcess                       bool
-	out, output, dir, cpuprofile, db       string
-	compareWith                            string
-	dropIndexes                            []string
+	limit, keys                                     int
+	rate                                            int
+	duration, timeout                               time.Duration
+	blocked                                         []int
+	claims, claimMax                                int
+	slowTasks, slowLimit                            int
+	slowSleep                                       time.Duration
+	bulk                                            string
+	only                                            []string
+	quick, inProcess                                bool
+	out, output, dir, cpuprofile, db                string
+	compareWith                                     string
+	dropIndexes                                     []string
 }
 
 func (a *app) newBenchCmd() *cobra.Command {
