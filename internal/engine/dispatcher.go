@@ -249,6 +249,27 @@ func (d *dispatcher) wake() { d.wakeExcept("") }
 // for everyone.
 func (d *dispatcher) wakeExcept(worker string) {
 	d.mu.Lock()
+	d.wakeLocked(worker)
+}
+
+// wakeAfterOwn is wakeExcept(worker) for the tasks worker's completion
+// readied, when the claim riding on it began at epoch: the tasks it left
+// ready are not for it (its claim took what it could of them), so if its
+// look was exhausted and nothing else changed since, the look still
+// stands. Without this, each completion that refilled a limit's slot for
+// its own claim made the worker's next waiting claim look again: a
+// transaction finding nothing, serialised with the next completion.
+func (d *dispatcher) wakeAfterOwn(worker string, epoch uint64) {
+	d.mu.Lock()
+	if s, ok := d.spent[worker]; ok && s.epoch == epoch && d.epoch == epoch {
+		s.epoch = epoch + 1 // the increment below
+		d.spent[worker] = s
+	}
+	d.wakeLocked(worker)
+}
+
+// wakeLocked is wakeExcept with d.mu held; it unlocks.
+func (d *dispatcher) wakeLocked(worker string) {
 	d.epoch++
 	if d.chaining {
 		d.again = true

@@ -573,8 +573,9 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		tasks []sluice.ClaimedTask
 		err   error
 	)
+	var epoch uint64
 	if piggyback {
-		epoch := e.disp.epochNow()
+		epoch = e.disp.epochNow()
 		acks, o, tasks, err = e.st.CompleteClaim(ctx, workerID, p.Results, e.cfg.Backoff,
 			store.ClaimSpec{Max: p.Claim, Lease: e.cfg.Lease, Seq: p.ClaimSeq, Spread: e.cfg.Dispatch == DispatchSpread})
 		switch {
@@ -594,7 +595,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	}
 	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
 	if piggyback && o.Readied > 0 {
-		e.disp.wakeExcept(workerID)
+		e.disp.wakeAfterOwn(workerID, epoch)
 	} else {
 		e.after(o)
 	}

@@ -252,8 +252,10 @@ func (t *txn) notify() {
 	}
 }
 
-// promotion is the head of one sub-queue's wait list moving to ready.
-type promotion struct{ sq, n, rank int64 }
+// promotion is the head of one sub-queue's wait list moving to ready:
+// n tasks after the first off (promoted earlier in the same transaction
+// but not yet written, see txn.deferred).
+type promotion struct{ sq, n, rank, off int64 }
 
 // promote takes slots for the head of an eligible sub-queue's wait list:
 // as many tasks as its limit allows, one while the environment limit
@@ -271,31 +273,66 @@ func (t *txn) promote(sq *sqRow) promotion {
 	return promotion{sq: sq.id, n: n, rank: rank}
 }
 
-// promoteSQL moves the heads of sub-queues' wait lists ($1, each $2 tasks)
-// to ready with ranks $3, reading each head through tasks_queued. The ids
-// go through an array so the planner expects a few rows and updates them
-// by primary key: as a plain join, LIMIT p.n (unknown to the planner)
-// made it hash-join a sequential scan of all tasks.
-const promoteSQL = `UPDATE tasks t SET state = 'ready', rank = p.rank
-	FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS p(sq, n, rank)
+// headsSQL is the heads of sub-queues' wait lists ($1, each $2 tasks after
+// the first $4) with ranks $3, each read through tasks_queued. The ids go
+// through an array so the planner expects a few rows and updates them by
+// primary key: as a plain join, LIMIT p.n (unknown to the planner) made
+// it hash-join a sequential scan of all tasks.
+const headsSQL = `SELECT h.id, p.rank FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS p(sq, n, rank, off)
 	CROSS JOIN LATERAL unnest(ARRAY(
-		SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id LIMIT p.n)) AS h(id)
+		SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id OFFSET p.off LIMIT p.n)) AS h(id)`
+
+// promoteSQL moves the heads (headsSQL) to ready.
+const promoteSQL = `UPDATE tasks t SET state = 'ready', rank = h.rank FROM (` + headsSQL + `) h
 	WHERE t.id = h.id
 	RETURNING t.sq`
 
-// queuePromote queues one statement that moves the tasks of all the
-// promotions of a refill step to ready, each sub-queue's head read through
-// tasks_queued, and checks each moved as many as its counter said.
+// promotionArgs are the arrays headsSQL reads.
+func promotionArgs(ps []promotion) []any {
+	sqs, ns, ranks, offs := make([]int64, len(ps)), make([]int64, len(ps)), make([]int64, len(ps)), make([]int64, len(ps))
+	for i, p := range ps {
+		sqs[i], ns[i], ranks[i], offs[i] = p.sq, p.n, p.rank, p.off
+	}
+	return []any{sqs, ns, ranks, offs}
+}
+
+// queuePromote moves the tasks of a refill step's promotions to ready:
+// one statement, queued for the next round trip. While the transaction
+// defers promotions (a completion whose claim follows), it only records
+// them: claimReady writes them with the claim, in one statement.
 func (t *txn) queuePromote(ps []promotion) {
 	if len(ps) == 0 {
 		return
 	}
-	sqs, ns, ranks := make([]int64, len(ps)), make([]int64, len(ps)), make([]int64, len(ps))
-	for i, p := range ps {
-		sqs[i], ns[i], ranks[i] = p.sq, p.n, p.rank
+	if t.deferring {
+		for _, p := range ps {
+			p.off = t.deferredN[p.sq]
+			t.deferredN[p.sq] += p.n
+			t.deferred = append(t.deferred, p)
+		}
+		return
+	}
+	t.b.Queue(promoteSQL, promotionArgs(ps)...).Fn = t.checkPromoted(ps)
+}
+
+// writeDeferred writes the deferred promotions (queuePromote) when no
+// claim takes them.
+func (t *txn) writeDeferred() {
+	ps := t.deferred
+	t.deferring, t.deferred = false, nil
+	t.queuePromote(ps)
+}
+
+// checkPromoted reads the sub-queue of each task a promotion moved (the
+// first column of each row) and checks each sub-queue moved as many as
+// its counter said.
+func (t *txn) checkPromoted(ps []promotion) func(br pgx.BatchResults) error {
+	want := make(map[int64]int64, len(ps))
+	for _, p := range ps {
+		want[p.sq] += p.n
 	}
 	got := make(map[int64]int64, len(ps))
-	t.b.Queue(promoteSQL, sqs, ns, ranks).Fn = func(br pgx.BatchResults) error {
+	return func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {
 			return fmt.Errorf("refill: promoting: %w", err)
@@ -311,11 +348,11 @@ func (t *txn) queuePromote(ps []promotion) {
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("refill: promoting: %w", err)
 		}
-		for _, p := range ps {
-			if got[p.sq] != p.n {
-				sq := t.sqs[p.sq]
+		for id, n := range want {
+			if got[id] != n {
+				sq := t.sqs[id]
 				return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
-					p.sq, sq.queue, sq.ckey, sq.queued+p.n, got[p.sq])
+					id, sq.queue, sq.ckey, sq.queued+n, got[id])
 			}
 		}
 		return nil

@@ -28,8 +28,13 @@ func (s *Store) connect(ctx context.Context, role string) (*pgx.Conn, error) {
 const readyChannel = "sluice_ready"
 
 // Listen holds a connection that LISTENs on sluice_ready and calls onReady
-// for each notification of this store's schema: another replica (or this
-// one) committed a transaction that made tasks ready. It also calls
+// for each notification of this store's schema: another replica committed
+// a transaction that made tasks ready. Notifications sent by this store's
+// own connections (their backend PIDs, recorded as the pool opens them)
+// are ignored: the engine that made them wakes its own waiters, and
+// waking them again made a worker whose completion had just claimed its
+// next task look again for nothing — a transaction per task, serialised
+// with the next completion. It also calls
 // onReady after each (re)connection, since notifications sent while it was
 // disconnected are lost. It reconnects with backoff (100 ms doubling to
 // 5 s) until ctx ends or the store closes, and then returns ctx's error (nil
@@ -78,7 +83,7 @@ func (s *Store) listen(ctx context.Context, onReady func()) (connected bool, err
 	}
 	onReady()
 	return true, s.watch(ctx, conn, func(n *pgconn.Notification) {
-		if n.Channel == readyChannel && n.Payload == schema {
+		if _, own := s.ownPIDs.Load(n.PID); !own && n.Channel == readyChannel && n.Payload == schema {
 			onReady()
 		}
 	})

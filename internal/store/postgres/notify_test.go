@@ -95,6 +95,19 @@ func TestPostgresListen(t *testing.T) {
 	require.Equal(t, 1, o.Readied)
 	atLeast(n+1, "a refill wakes the other replica")
 
+	// The listener's own store readying tasks does not signal it: its
+	// engine wakes its own waiters. (Nor do commits before this one, as
+	// notifications arrive in commit order: a's enqueue below signals
+	// once, after b's.)
+	n = signals.Load()
+	_, o, err = b.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}})
+	require.NoError(t, err)
+	require.Equal(t, 1, o.Readied)
+	_, _, err = a.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}})
+	require.NoError(t, err)
+	atLeast(n+1, "another replica's commit")
+	require.Never(t, func() bool { return signals.Load() > n+1 }, 200*time.Millisecond, time.Millisecond, "its own commit signalled it")
+
 	// The listener's connection dies: it reconnects and signals.
 	n = signals.Load()
 	require.Equal(t, 1, terminate(t, b, app+" listen"))

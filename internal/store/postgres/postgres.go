@@ -63,6 +63,9 @@ type Store struct {
 
 	clock atomic.Pointer[func() time.Time]
 
+	// ownPIDs holds the backend PIDs of the pool's connections.
+	ownPIDs sync.Map
+
 	// checkEvery is how often a quiet LISTEN or leader connection is
 	// pinged, so one that is silently gone is noticed.
 	checkEvery time.Duration
@@ -105,6 +108,14 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 			cfg.ConnConfig.RuntimeParams[k] = v
 		}
 	}
+	s := &Store{connCfg: cfg.ConnConfig.Copy(), log: slog.Default(), checkEvery: time.Second}
+	// The backends of this store's own pool: Listen ignores their
+	// notifications (this server's engine wakes its own waiters).
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		s.ownPIDs.Store(c.PgConn().PID(), struct{}{})
+		return nil
+	}
+	cfg.BeforeClose = func(c *pgx.Conn) { s.ownPIDs.Delete(c.PgConn().PID()) }
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("db: %w", err)
@@ -113,7 +124,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", err)
 	}
-	s := &Store{pool: pool, connCfg: cfg.ConnConfig.Copy(), log: slog.Default(), checkEvery: time.Second}
+	s.pool = pool
 	for _, o := range opts {
 		o(s)
 	}
@@ -240,6 +251,12 @@ type txn struct {
 	readied  int
 	notified bool
 	ids      []int64 // task ids drawn by prepareInsert
+	// deferring: the refill records its promotions in deferred (with
+	// deferredN, the tasks deferred per sub-queue) instead of writing
+	// them; see queuePromote.
+	deferring bool
+	deferred  []promotion
+	deferredN map[int64]int64
 }
 
 const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,6 +127,47 @@ const claimSQL = `WITH c AS (
 	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
 	SELECT id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM claimed`
 
+// promoteClaimSQL is claimSQL for a transaction whose refill deferred its
+// promotions ($8–$11, as headsSQL reads them): the heads of the refilled
+// sub-queues compete with the ready tasks for the claim, and one UPDATE
+// moves each head to running if claimed, else to ready, and the claimed
+// ready tasks to running. A task promoted and claimed in one transaction
+// is written once instead of twice (queued → running). The first column
+// says which tasks were promoted (for the refill's check), the second which
+// were claimed.
+var promoteClaimSQL = `WITH hd AS MATERIALIZED (
+		SELECT h.id, h.rank, t.priority, t.kind, t.dispatch_deadline_at FROM (` + headsSQLAt8 + `) h JOIN tasks t ON t.id = h.id),
+	r AS (
+		SELECT x.id, x.priority, x.rank FROM unnest($1::text[]) AS k(kind)
+		CROSS JOIN LATERAL (
+			SELECT id, priority, rank FROM tasks
+			WHERE state = 'ready' AND kind = k.kind AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2)
+			ORDER BY priority DESC, rank, id LIMIT $3
+			FOR UPDATE SKIP LOCKED) x
+		UNION ALL
+		SELECT id, priority, rank FROM hd
+		WHERE kind = ANY($1::text[]) AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2)),
+	c AS (SELECT id FROM r ORDER BY priority DESC, rank, id LIMIT $3),
+	m AS MATERIALIZED (SELECT coalesce(hd.id, c.id) AS id, hd.rank AS hrank, c.id IS NOT NULL AS claim FROM hd FULL JOIN c ON c.id = hd.id),
+	moved AS (
+		UPDATE tasks t SET
+			state = CASE WHEN m.claim THEN 'running' ELSE 'ready' END,
+			rank = coalesce(m.hrank, t.rank),
+			attempt = CASE WHEN m.claim THEN t.attempt + 1 ELSE t.attempt END,
+			worker_id = CASE WHEN m.claim THEN $4 ELSE t.worker_id END,
+			started_at = CASE WHEN m.claim THEN $2 ELSE t.started_at END,
+			timeout_at = CASE WHEN m.claim THEN CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END ELSE t.timeout_at END,
+			claim_seq = CASE WHEN m.claim THEN $7 ELSE t.claim_seq END
+		FROM m WHERE t.id = m.id
+		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
+			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
+	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim)) WHERE id = 1),
+	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
+	SELECT sq, promoted, claim, id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM moved`
+
+// headsSQLAt8 is headsSQL with its parameters numbered from $8.
+var headsSQLAt8 = strings.NewReplacer("$1", "$8", "$2", "$9", "$3", "$10", "$4", "$11").Replace(headsSQL)
+
 // Claim leases ready tasks to a worker; see store.Store. Three round trips
 // hold the env lock: BEGIN with the lock and the worker's row, the claim
 // statement, and the commit.
@@ -165,28 +207,67 @@ func (w *claimer) prelude(t *txn) {
 
 // claim leases up to limit ready tasks to the worker (found), within its
 // free slots, and extends its lease.
-func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
+//
+// Promotions the refill deferred (txn.deferring) are written here: with
+// the claim, in one statement, or alone if nothing can be claimed.
+func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (_ []sluice.ClaimedTask, err error) {
 	now := fromUS(t.now)
 	leaseUntil := now.Add(lease)
 	n := min(limit, w.slots-w.held)
 	if n <= 0 || len(w.kinds) == 0 {
+		t.writeDeferred()
 		t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), w.id)
 		return nil, nil
 	}
+	ps := t.deferred
+	t.deferring, t.deferred = false, nil
 	type ranked struct {
 		c        sluice.ClaimedTask
 		priority int
 		rank     int64
 	}
 	var got []ranked
-	err := t.query("claim", claimSQL, []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil), seq},
+	args := []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil), seq}
+	sql := claimSQL
+	var promoted func(sq int64)
+	if len(ps) > 0 {
+		sql, args = promoteClaimSQL, append(args, promotionArgs(ps)...)
+		want, moved := map[int64]int64{}, map[int64]int64{}
+		for _, p := range ps {
+			want[p.sq] += p.n
+		}
+		promoted = func(sq int64) { moved[sq]++ }
+		defer func() {
+			for id, n := range want {
+				if moved[id] != n && err == nil {
+					sq := t.sqs[id]
+					err = fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
+						id, sq.queue, sq.ckey, sq.queued+n, moved[id])
+				}
+			}
+		}()
+	}
+	err = t.query("claim", sql, args,
 		func(rows pgx.Rows) error {
 			var r ranked
 			c := &r.c
 			var input []byte
 			var timeoutUS, created int64
-			if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
-				&r.priority, &r.rank); err != nil {
+			dest := []any{&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
+				&r.priority, &r.rank}
+			if promoted != nil {
+				var sq int64
+				var wasPromoted, claimed bool
+				if err := rows.Scan(append([]any{&sq, &wasPromoted, &claimed}, dest...)...); err != nil {
+					return err
+				}
+				if wasPromoted {
+					promoted(sq)
+				}
+				if !claimed {
+					return nil
+				}
+			} else if err := rows.Scan(dest...); err != nil {
 				return err
 			}
 			c.Input = store.JSONOrNull(input)
@@ -284,14 +365,19 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 		if acks, ended, err = t.complete(workerID, results, backoff); err != nil {
 			return err
 		}
+		o.Yielded = c.Spread && otherFree >= limit && limit > 0
+		claim := w.found && limit > 0 && !o.Yielded
+		if claim {
+			// The claim writes the refill's promotions: a task it
+			// promotes and claims goes from queued to running in one
+			// write.
+			t.deferring, t.deferredN = true, map[int64]int64{}
+		}
 		if err := t.fill(); err != nil {
 			return err
 		}
 		o.Readied = t.readied
-		if c.Spread && otherFree >= limit && limit > 0 {
-			o.Yielded = true
-		}
-		if !w.found || limit <= 0 || o.Yielded {
+		if !claim {
 			return nil
 		}
 		w.held -= ended // the attempts just ended were running here

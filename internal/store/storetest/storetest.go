@@ -139,6 +139,7 @@ func Run(t *testing.T, ns NewStore) {
 		"FairRankAcrossKeys":      testFairRank,
 		"WorkerSlots":             testWorkerSlots,
 		"CompleteClaim":           testCompleteClaim,
+		"CompleteClaimPromotes":   testCompleteClaimPromotes,
 		"HeartbeatOrphans":        testHeartbeatOrphans,
 		"RetryReleasesSlot":       testRetryReleasesSlot,
 		"NoRetryAndMaxAttempts":   testNoRetry,
@@ -395,6 +396,73 @@ func testWorkerSlots(t *testing.T, ns NewStore) {
 // tasks they readied, never more than either allows; a failure frees its
 // slot the same way; a stale result frees nothing; an unknown worker gets
 // its results acknowledged stale and no tasks.
+// testCompleteClaimPromotes: the tasks a completion's refill promotes
+// compete with the ready ones for its claim in claim order; a promoted
+// head of a kind the worker does not handle, or beyond what it asked
+// for, stays ready; and one sub-queue refilled in several turns of one
+// transaction (the environment limit binding) hands out distinct tasks
+// in order.
+func testCompleteClaimPromotes(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	spec := func(n int) store.ClaimSpec { return store.ClaimSpec{Max: n, Lease: 30 * time.Second} }
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	// Key a: a1, a2 (kind k); key m: m1 (kind k) then m2 (kind z).
+	a := h.enqueue(store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a"}, store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a"},
+		store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "m"}, store.NewTask{Kind: "z", Queue: "q", ConcurrencyKey: "m"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	require.Equal(t, []int64{a[0].ID, a[2].ID}, ids(c))
+	// Behind key a's running task: a2 (priority 0) and a3 (priority 5,
+	// so the head); a ready task of another queue with priority 9.
+	a3 := h.enqueue(store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a", Priority: 5})[0]
+	u := h.enqueue(store.NewTask{Kind: "k", Queue: "u", Priority: 9})[0]
+	require.Equal(t, sluice.StateReady, h.state(u.ID))
+
+	// Asked for one: the ready task outranks the promoted head, which
+	// stays ready holding key a's slot.
+	_, o, got, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[0])}, noBackoff, spec(1))
+	require.NoError(t, err)
+	require.Equal(t, 1, o.Readied)
+	require.Equal(t, []int64{u.ID}, ids(got))
+	require.Equal(t, sluice.StateReady, h.state(a3.ID))
+	require.Equal(t, sluice.StateQueued, h.state(a[1].ID))
+	h.counters()
+	_, _, got, err = h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got[0])}, noBackoff, spec(5))
+	require.NoError(t, err)
+	require.Equal(t, []int64{a3.ID}, ids(got), "already ready; key a is full, so nothing is promoted")
+	require.Equal(t, sluice.StateQueued, h.state(a[1].ID))
+	h.counters()
+
+	// Both results: key a's head is promoted and claimed; key m's head is
+	// of kind z, promoted and left ready.
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(got[0]), ok(c[1])}, noBackoff, spec(5))
+	require.NoError(t, err)
+	require.Equal(t, 2, o.Readied)
+	require.Equal(t, []int64{a[1].ID}, ids(got))
+	require.Equal(t, sluice.StateRunning, h.state(a[1].ID))
+	require.Equal(t, sluice.StateReady, h.state(a[3].ID))
+	h.counters()
+	h.complete("w", ok(got[0]))
+
+	// Environment limit 3 (m2 holds one slot): each refill turn promotes
+	// one task, and the turns of one transaction take the sub-queue's
+	// next tasks in order.
+	_, err = h.st.SetEnvLimit(h.ctx, 3)
+	require.NoError(t, err)
+	e := h.enqueue(store.NewTask{Kind: "e", Queue: "e"}, store.NewTask{Kind: "e", Queue: "e"}, store.NewTask{Kind: "e", Queue: "e"},
+		store.NewTask{Kind: "e", Queue: "e"}, store.NewTask{Kind: "e", Queue: "e"})
+	h.worker("we", 10, "e")
+	ce := h.claim("we", 10)
+	require.Equal(t, taskIDs(e[:2]), ids(ce), "the third slot is m2's")
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "we", []sluice.TaskResult{ok(ce[0]), ok(ce[1])}, noBackoff, spec(10))
+	require.NoError(t, err)
+	require.Equal(t, 2, o.Readied)
+	require.Equal(t, taskIDs(e[2:4]), ids(got))
+	require.Equal(t, sluice.StateQueued, h.state(e[4].ID))
+	h.counters()
+}
+
 func testCompleteClaim(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
 	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
