@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +42,9 @@ type sqRow struct {
 }
 
 func (q *sqRow) hasRoom() bool { return q.lim == nil || q.running < *q.lim }
+
+// eligible is the predicate of subqueues_eligible (eligibleSQL).
+func (q *sqRow) eligible() bool { return q.queued > 0 && !q.paused && q.hasRoom() }
 
 // sqCols are a sub-queue's columns, table alias s; dest scans them.
 const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime`
@@ -203,43 +207,127 @@ const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
 //
 // Each step is one round trip: the previous step's promotions and counter
 // writes, then the read of the next eligible sub-queues. The NOTIFY for
-// other replicas rides along once something was readied.
+// other replicas rides along once something was readied. A step after
+// which no sub-queue can be eligible — the last read saw them all, and
+// none of those this transaction holds is eligible any more — ends the
+// refill without another read; its writes go with the commit.
 func (t *txn) fill() error {
-	batch := make([]*sqRow, 0, fillScan)
-	for {
-		t.flush()
-		if !t.env.hasRoom() {
-			break
-		}
-		batch = batch[:0]
-		t.queueQuery("refill", eligibleSQL, []any{fillScan}, func(rows pgx.Rows) error {
-			sq := &sqRow{}
-			if err := rows.Scan(sq.dest()...); err != nil {
-				return err
-			}
-			batch = append(batch, sq)
-			return nil
-		})
-		t.notify()
-		if err := t.send(); err != nil {
+	return t.refill(nil)
+}
+
+// eligibleRead is the eligible sub-queues read before this transaction's
+// own counter changes were written (queueEligible), so a refill's first
+// step needs no round trip of its own.
+type eligibleRead struct {
+	rows []*sqRow
+}
+
+// queueEligible queues the read of the eligible sub-queues with the
+// pending batch, for refill.
+func (t *txn) queueEligible() *eligibleRead {
+	r := &eligibleRead{}
+	t.queueQuery("refill", eligibleSQL, []any{fillScan}, func(rows pgx.Rows) error {
+		sq := &sqRow{}
+		if err := rows.Scan(sq.dest()...); err != nil {
 			return err
 		}
+		r.rows = append(r.rows, sq)
+		return nil
+	})
+	return r
+}
+
+// refill is fill, its first step served by pre (read earlier in this
+// transaction; nil: read now). The sub-queues pre did not see as eligible
+// can only have become so through this transaction's own changes, which
+// its cached copies hold: the first step takes pre and those, as they
+// stand in memory, in round-robin order.
+func (t *txn) refill(pre *eligibleRead) error {
+	batch := make([]*sqRow, 0, fillScan)
+	for {
+		var full bool // the read may have left eligible sub-queues out
+		if pre != nil {
+			if !t.env.hasRoom() {
+				break
+			}
+			batch, full = t.firstStep(pre.rows), len(pre.rows) >= fillScan
+			pre = nil
+		} else {
+			t.flush()
+			if !t.env.hasRoom() {
+				break
+			}
+			batch = batch[:0]
+			t.queueQuery("refill", eligibleSQL, []any{fillScan}, func(rows pgx.Rows) error {
+				sq := &sqRow{}
+				if err := rows.Scan(sq.dest()...); err != nil {
+					return err
+				}
+				batch = append(batch, sq)
+				return nil
+			})
+			t.notify()
+			if err := t.send(); err != nil {
+				return err
+			}
+			full = len(batch) >= fillScan
+			// Keep one copy per transaction: a cached copy holds the
+			// same values, as the counters were flushed before the read.
+			for i, sq := range batch {
+				batch[i] = t.useSQ(sq)
+			}
+		}
 		if len(batch) == 0 {
-			return nil
+			break
 		}
 		var ps []promotion
 		for _, sq := range batch {
 			if !t.env.hasRoom() {
 				break
 			}
-			// Keep one copy per transaction: a cached copy holds the
-			// same values, as the counters were flushed before the read.
-			ps = append(ps, t.promote(t.useSQ(sq)))
+			ps = append(ps, t.promote(sq))
 		}
 		t.queuePromote(ps)
+		if !full && !t.anyEligible() {
+			break
+		}
 	}
+	t.flush()
 	t.notify()
-	return t.send()
+	return nil
+}
+
+// firstStep merges a read made before this transaction's own counter
+// changes with the sub-queues it holds, as they stand now: the eligible
+// ones, least recently served first, at most fillScan.
+func (t *txn) firstStep(read []*sqRow) []*sqRow {
+	seen := map[int64]bool{}
+	var out []*sqRow
+	add := func(sq *sqRow) {
+		if !seen[sq.id] && sq.eligible() {
+			seen[sq.id] = true
+			out = append(out, sq)
+		}
+	}
+	for _, sq := range read {
+		add(t.useSQ(sq))
+	}
+	for _, sq := range t.sqs {
+		add(sq)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].rr < out[j].rr || out[i].rr == out[j].rr && out[i].id < out[j].id })
+	return out[:min(len(out), fillScan)]
+}
+
+// anyEligible reports whether a sub-queue this transaction holds is
+// eligible as it stands in memory.
+func (t *txn) anyEligible() bool {
+	for _, sq := range t.sqs {
+		if sq.eligible() {
+			return true
+		}
+	}
+	return false
 }
 
 // notify queues NOTIFY sluice_ready once the transaction readied tasks; the

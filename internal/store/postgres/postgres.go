@@ -28,7 +28,6 @@ package postgres
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -236,14 +235,15 @@ func (s *Store) migrate(ctx context.Context, name string) (bool, error) {
 // txn is one write transaction: its pending batch, its clock reading and
 // its cached counters (flow.go).
 type txn struct {
-	ctx context.Context
-	s   *Store
-	tx  pgx.Tx
+	ctx  context.Context
+	s    *Store
+	conn *pgx.Conn // in the transaction (see run)
 	// b holds statements for the next round trip. exec only queues;
 	// query sends b with its own statement last, so every statement runs in
 	// order and a read sees every write queued before it.
 	b        *pgx.Batch
 	now      int64
+	preNow   int64 // the clock before the env lock: for a prelude
 	env      *envRow
 	sqs      map[int64]*sqRow
 	sqByKey  map[[2]string]*sqRow
@@ -263,13 +263,29 @@ const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHER
 
 // run runs fn in a write transaction. BEGIN and the env lock go in the
 // first round trip, with whatever prelude queues: a prelude's statements
-// see the locked state but run before the clock is read, so they must not
-// need t.now. Statements still queued when fn returns are sent before the
-// commit.
-func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) error) error {
-	t := &txn{ctx: ctx, s: s, b: &pgx.Batch{}, env: &envRow{},
+// see the locked state and run before t.now is read (they may use
+// t.preNow, read before the round trip). Statements still queued when fn
+// returns go with the COMMIT, in one round trip.
+//
+// The transaction runs on a pooled connection with BEGIN and COMMIT as
+// statements of its batches, not through pgx.Tx, whose Commit would cost
+// a round trip of its own. A COMMIT is sent only when fn succeeded; on
+// any error the transaction is rolled back (a connection left in a
+// transaction is closed by the pool on release).
+func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) error) (err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer conn.Release()
+	t := &txn{ctx: ctx, s: s, conn: conn.Conn(), b: &pgx.Batch{}, env: &envRow{},
 		sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
-	t.b.BeginTx(pgx.TxOptions{})
+	defer func() {
+		if err != nil && t.conn.PgConn().TxStatus() != 'I' && !t.conn.IsClosed() {
+			_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback")
+		}
+	}()
+	t.exec("begin", "begin")
 	e := t.env
 	t.b.Queue(envLockSQL).QueryRow(func(r pgx.Row) error {
 		if err := r.Scan(&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr); err != nil {
@@ -277,32 +293,28 @@ func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) e
 		}
 		return nil
 	})
+	t.preNow = us(s.now())
 	if prelude != nil {
 		prelude(t)
 	}
-	br := s.pool.SendBatch(ctx, t.b)
-	t.tx = br.Tx()
-	t.b = &pgx.Batch{}
-	if t.tx != nil {
-		defer t.tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	}
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	if t.tx == nil {
-		return errors.New("begin: no transaction")
+	if err := t.send(); err != nil {
+		return err
 	}
 	t.now = us(s.now())
 	if err := fn(t); err != nil {
 		return err
 	}
-	if err := t.send(); err != nil {
-		return err
+	t.b.Queue("commit").Fn = func(br pgx.BatchResults) error {
+		tag, err := br.Exec()
+		if err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		if tag.String() != "COMMIT" {
+			return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
+		}
+		return nil
 	}
-	if err := t.tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
+	return t.send()
 }
 
 // exec queues a statement whose result is not needed at once; its error,
@@ -362,7 +374,7 @@ func (t *txn) send() error {
 	}
 	b := t.b
 	t.b = &pgx.Batch{}
-	return t.tx.SendBatch(t.ctx, b).Close()
+	return t.conn.SendBatch(t.ctx, b).Close()
 }
 
 // Time helpers: the schema stores unix microseconds.

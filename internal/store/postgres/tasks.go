@@ -109,7 +109,7 @@ func (t *txn) idempotent(tasks []store.NewTask) (map[string]*sluice.Task, error)
 		if err := t.send(); err != nil {
 			return nil, err
 		}
-		task, err := getTask(t.ctx, t.tx, id)
+		task, err := getTask(t.ctx, t.conn, id)
 		if err != nil {
 			return nil, err
 		}

@@ -326,16 +326,8 @@ const completeSQL = `WITH r AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4
 // attempt twice, or both succeeded and failed, acknowledges the first
 // success (else the first failure) "ok" and the rest "stale".
 func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
-	var acks []sluice.ResultAck
-	o, err := s.write(ctx, func(t *txn) error {
-		var err error
-		acks, _, err = t.complete(workerID, results, backoff)
-		return err
-	})
-	if err != nil {
-		return nil, o, err
-	}
-	return acks, o, nil
+	acks, o, _, err := s.CompleteClaim(ctx, workerID, results, backoff, store.ClaimSpec{})
+	return acks, o, err
 }
 
 // CompleteClaim is Complete, then Claim for the same worker, in one
@@ -343,26 +335,32 @@ func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.
 // claim sees the slots the results freed and the tasks they readied. A
 // worker the store does not know gets its results acknowledged stale and
 // no tasks.
+//
+// Round trips: BEGIN with the env lock, the worker's row, the successes'
+// statement and the refill's first read; then, for a limited queue in the
+// usual case, the counters, the claim (which writes the refill's
+// promotions) and the COMMIT.
 func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
 	c store.ClaimSpec) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
-	var acks []sluice.ResultAck
 	var claimed []sluice.ClaimedTask
 	var o store.Outcome
 	w := &claimer{id: workerID}
 	var otherFree int
+	var done *completion
+	var pre *eligibleRead
 	prelude := func(t *txn) {
-		w.prelude(t)
+		w.prelude(t) // counts the tasks about to end as running here
 		if c.Spread && c.Max > 0 {
-			t.queueQuery("claim", otherFreeSQL, []any{workerID, s.now().UnixMicro()}, func(rows pgx.Rows) error {
+			t.queueQuery("claim", otherFreeSQL, []any{workerID, t.preNow}, func(rows pgx.Rows) error {
 				return rows.Scan(&otherFree)
 			})
 		}
+		done = t.queueComplete(workerID, results, t.preNow)
+		pre = t.queueEligible()
 	}
 	limit, lease, seq := c.Max, c.Lease, c.Seq
 	err := s.run(ctx, prelude, func(t *txn) error {
-		var ended int
-		var err error
-		if acks, ended, err = t.complete(workerID, results, backoff); err != nil {
+		if err := done.failures(t, backoff); err != nil {
 			return err
 		}
 		o.Yielded = c.Spread && otherFree >= limit && limit > 0
@@ -373,21 +371,22 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 			// write.
 			t.deferring, t.deferredN = true, map[int64]int64{}
 		}
-		if err := t.fill(); err != nil {
+		if err := t.refill(pre); err != nil {
 			return err
 		}
 		o.Readied = t.readied
 		if !claim {
 			return nil
 		}
-		w.held -= ended // the attempts just ended were running here
+		w.held -= done.ended // the attempts just ended were running here
+		var err error
 		claimed, err = w.claim(t, limit, lease, seq)
 		return err
 	})
 	if err != nil {
 		return nil, o, nil, err
 	}
-	return acks, o, claimed, nil
+	return done.acks, o, claimed, nil
 }
 
 // otherFreeSQL reads the most free slots another live worker sharing a
@@ -396,27 +395,42 @@ const otherFreeSQL = `SELECT coalesce(max(w.free_slots), 0) FROM workers w
 	WHERE w.id <> $1 AND w.lease_expires_at > $2 AND EXISTS (
 		SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = $1 AND b.worker_id = w.id)`
 
-// complete ends the attempts of a worker's results (the body of Complete)
-// and reports how many it ended.
-func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, int, error) {
-	acks := make([]sluice.ResultAck, len(results))
-	ended := 0
-	type key struct {
-		id      int64
-		attempt int
-	}
-	okIdx := map[key]int{} // first success of each attempt → result index
+// completion is a worker's results being ended in a transaction (the
+// body of Complete): queueComplete queues the successes' statement,
+// failures ends the failures once it has run.
+type completion struct {
+	workerID string
+	results  []sluice.TaskResult
+	acks     []sluice.ResultAck
+	ended    int // attempts ended (successes, then failures)
+	failIDs  []int64
+}
+
+// attemptKey names one attempt of a task.
+type attemptKey struct {
+	id      int64
+	attempt int
+}
+
+// queueComplete queues one statement that ends the successes among
+// results at time at, releasing their slots as its rows are read: a
+// prelude queues it with BEGIN (at = t.preNow), so it costs no round trip
+// of its own. The finish times then precede the transaction's clock
+// reading, never a successor's start: a task taking a freed slot starts
+// in this transaction (at t.now) or in one that waited for its commit.
+func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int64) *completion {
+	c := &completion{workerID: workerID, results: results, acks: make([]sluice.ResultAck, len(results))}
+	okIdx := map[attemptKey]int{} // first success of each attempt → result index
 	var ids []int64
 	var attempts []int
 	var outputs [][]byte
-	var failIDs []int64
 	for i, r := range results {
-		acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+		c.acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
 		if r.Error != "" {
-			failIDs = append(failIDs, r.TaskID)
+			c.failIDs = append(c.failIDs, r.TaskID)
 			continue
 		}
-		k := key{r.TaskID, r.Attempt}
+		k := attemptKey{r.TaskID, r.Attempt}
 		if _, dup := okIdx[k]; dup {
 			continue
 		}
@@ -424,34 +438,38 @@ func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff sto
 		ids, attempts, outputs = append(ids, r.TaskID), append(attempts, r.Attempt), append(outputs, store.JSONOrNull(r.Output))
 	}
 	if len(ids) > 0 {
-		t.queueQuery("complete", completeSQL, []any{t.now, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
-			var k key
+		t.queueQuery("complete", completeSQL, []any{at, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
+			var k attemptKey
 			sq, q := &sqRow{}, &queueRow{}
 			if err := rows.Scan(append(append([]any{&k.id, &k.attempt}, sq.dest()...), q.dest()...)...); err != nil {
 				return err
 			}
 			t.release(t.useSQ(sq))
 			t.finish(t.useQueue(q))
-			acks[okIdx[k]].Status = "ok"
-			ended++
+			c.acks[okIdx[k]].Status = "ok"
+			c.ended++
 			return nil
 		})
 	}
-	running := map[int64]*runningTask{}
-	if len(failIDs) > 0 {
-		// After the successes: a task both succeeded and failed in
-		// this batch is no longer running here.
-		rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, failIDs, workerID)
-		if err != nil {
-			return nil, 0, err
-		}
-		for _, rt := range rts {
-			running[rt.id] = rt
-		}
-	} else if err := t.send(); err != nil {
-		return nil, 0, err
+	return c
+}
+
+// failures ends the failed attempts among the results, after the
+// successes' statement has run (a task both succeeded and failed in one
+// batch is no longer running here).
+func (c *completion) failures(t *txn, backoff store.Backoff) error {
+	if len(c.failIDs) == 0 {
+		return nil
 	}
-	for i, r := range results {
+	rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, c.failIDs, c.workerID)
+	if err != nil {
+		return err
+	}
+	running := map[int64]*runningTask{}
+	for _, rt := range rts {
+		running[rt.id] = rt
+	}
+	for i, r := range c.results {
 		if r.Error == "" {
 			continue
 		}
@@ -461,10 +479,10 @@ func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff sto
 		}
 		delete(running, r.TaskID) // ended: a second report is stale
 		t.endAttempt(rt, outcome{err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff})
-		acks[i].Status = "ok"
-		ended++
+		c.acks[i].Status = "ok"
+		c.ended++
 	}
-	return acks, ended, nil
+	return nil
 }
 
 // Heartbeat extends a worker's lease; see store.Store.
