@@ -401,6 +401,7 @@ func (t *txn) queuePromote(ps []promotion) {
 		return
 	}
 	t.b.Queue(promoteSQL, promotionArgs(ps)...).Fn = t.checkPromoted(ps)
+	t.checks = true
 }
 
 // writeDeferred writes the deferred promotions (queuePromote) when no

@@ -134,7 +134,10 @@ const claimSQL = `WITH c AS (
 // ready tasks to running. A task promoted and claimed in one transaction
 // is written once instead of twice (queued → running). The first column
 // says which tasks were promoted (for the refill's check), the second which
-// were claimed.
+// were claimed. Fewer tasks moved than the promotions counted ($12) mean the
+// counters drifted from the rows: the statement then fails (division by
+// zero in vt, an UPDATE that always runs), and the transaction, whose
+// COMMIT rides in the same round trip, is not committed.
 var promoteClaimSQL = `WITH hd AS MATERIALIZED (
 		SELECT h.id, h.rank, t.priority, t.kind, t.dispatch_deadline_at FROM (` + headsSQLAt8 + `) h JOIN tasks t ON t.id = h.id),
 	r AS (
@@ -161,7 +164,8 @@ var promoteClaimSQL = `WITH hd AS MATERIALIZED (
 		FROM m WHERE t.id = m.id
 		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
 			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
-	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim)) WHERE id = 1),
+	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))
+			+ 0 * (1 / CASE WHEN (SELECT count(*) FROM moved WHERE promoted) = $12 THEN 1 ELSE 0 END) WHERE id = 1),
 	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
 	SELECT sq, promoted, claim, id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM moved`
 
@@ -231,11 +235,13 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (_ []
 	sql := claimSQL
 	var promoted func(sq int64)
 	if len(ps) > 0 {
-		sql, args = promoteClaimSQL, append(args, promotionArgs(ps)...)
 		want, moved := map[int64]int64{}, map[int64]int64{}
+		var total int64
 		for _, p := range ps {
 			want[p.sq] += p.n
+			total += p.n
 		}
+		sql, args = promoteClaimSQL, append(append(args, promotionArgs(ps)...), total)
 		promoted = func(sq int64) { moved[sq]++ }
 		defer func() {
 			for id, n := range want {
