@@ -594,9 +594,14 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		return nil, err
 	}
 	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
-	if piggyback && o.Readied > 0 {
+	if piggyback && o.Readied > 0 && len(tasks) < p.Claim {
+		// Its claim took all it could of what was ready: wake the
+		// others for the rest.
 		e.disp.wakeAfterOwn(workerID, epoch)
 	} else {
+		// A claim that got all it asked may have been capped by its
+		// ask (the worker's other free slots wait in its long-poll):
+		// wake everyone, the worker included.
 		e.after(o)
 	}
 	failed, freed := false, false

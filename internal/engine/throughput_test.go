@@ -39,6 +39,33 @@ func TestCompleteClaimsNext(t *testing.T) {
 	require.Empty(t, res.Tasks)
 }
 
+// A complete call whose claim asked for fewer tasks than its results
+// readied (the worker's other free slots wait in its long-poll) leaves
+// the rest to that long-poll, which is woken for them at once.
+func TestCompleteClaimCappedWakesOwnLongPoll(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	f.putQueue("one", 1)
+	w := f.register("k")
+	var first []*sluice.Task
+	for _, key := range []string{"a", "b", "c"} {
+		first = append(first, f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one", ConcurrencyKey: key}))
+		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one", ConcurrencyKey: key})
+	}
+	require.Len(t, f.claim(w, 10), 3)
+	parked := f.parkClaim(w, time.Minute)
+
+	var results []sluice.TaskResult
+	for _, task := range first {
+		results = append(results, sluice.TaskResult{TaskID: task.ID, Attempt: 1})
+	}
+	res, err := f.e.Complete(f.ctx, w, sluice.CompleteParams{Results: results, Claim: 1})
+	require.NoError(t, err)
+	require.Len(t, res.Tasks, 1, "it asked for one")
+	// Well before the long-poll's minute: woken, not timed out.
+	got, _ := awaitClaim(t, parked, 20*time.Second)
+	require.Len(t, got.Tasks, 2, "the long-poll takes the other two keys' tasks")
+}
+
 // Under spread, a worker whose completion frees work does not take it
 // ahead of an idle worker that is waiting.
 func TestCompleteClaimYieldsToWaitingWorker(t *testing.T) {
