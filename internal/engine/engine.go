@@ -594,14 +594,17 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		return nil, err
 	}
 	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
-	if piggyback && o.Readied > 0 && len(tasks) < p.Claim {
-		// Its claim took all it could of what was ready: wake the
-		// others for the rest.
+	switch {
+	case piggyback && o.Readied > len(tasks) && len(tasks) >= p.Claim:
+		// Its claim got all it asked for and left readied tasks: they
+		// may be for the worker's other free slots, waiting in its
+		// long-poll. Wake everyone, the worker included.
+		e.after(o)
+	case piggyback && o.Readied > 0:
+		// Its claim took what it readied, or all it could: only the
+		// others may want the rest.
 		e.disp.wakeAfterOwn(workerID, epoch)
-	} else {
-		// A claim that got all it asked may have been capped by its
-		// ask (the worker's other free slots wait in its long-poll):
-		// wake everyone, the worker included.
+	default:
 		e.after(o)
 	}
 	failed, freed := false, false
