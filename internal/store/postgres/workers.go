@@ -172,24 +172,23 @@ var promoteClaimSQL = `WITH hd AS MATERIALIZED (
 // headsSQLAt8 is headsSQL with its parameters numbered from $8.
 var headsSQLAt8 = strings.NewReplacer("$1", "$8", "$2", "$9", "$3", "$10", "$4", "$11").Replace(headsSQL)
 
-// Claim leases ready tasks to a worker; see store.Store. Three round trips
-// hold the env lock: BEGIN with the lock and the worker's row, the claim
-// statement, and the commit.
+// Claim leases ready tasks to a worker; see store.Store. Two round trips
+// hold the env lock: BEGIN with the lock and the worker's row, then the
+// claim statement with the COMMIT.
 func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
-	var out []sluice.ClaimedTask
+	var claimed func() ([]sluice.ClaimedTask, error)
 	w := &claimer{id: workerID}
 	err := s.run(ctx, w.prelude, func(t *txn) error {
 		if !w.found {
 			return store.WorkerNotFound(workerID)
 		}
-		var err error
-		out, err = w.claim(t, limit, lease, seq)
-		return err
+		claimed = w.claim(t, limit, lease, seq)
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	return claimed()
 }
 
 // claimer is a worker's row as a claim reads it, at BEGIN.
@@ -214,14 +213,18 @@ func (w *claimer) prelude(t *txn) {
 //
 // Promotions the refill deferred (txn.deferring) are written here: with
 // the claim, in one statement, or alone if nothing can be claimed.
-func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (_ []sluice.ClaimedTask, err error) {
+//
+// The statement is only queued: it goes with the COMMIT, in the
+// transaction's last round trip, and claimed returns its tasks once run
+// has committed.
+func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (claimed func() ([]sluice.ClaimedTask, error)) {
 	now := fromUS(t.now)
 	leaseUntil := now.Add(lease)
 	n := min(limit, w.slots-w.held)
 	if n <= 0 || len(w.kinds) == 0 {
 		t.writeDeferred()
 		t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), w.id)
-		return nil, nil
+		return func() ([]sluice.ClaimedTask, error) { return nil, nil }
 	}
 	ps := t.deferred
 	t.deferring, t.deferred = false, nil
@@ -234,6 +237,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (_ []
 	args := []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), us(leaseUntil), seq}
 	sql := claimSQL
 	var promoted func(sq int64)
+	check := func() error { return nil }
 	if len(ps) > 0 {
 		want, moved := map[int64]int64{}, map[int64]int64{}
 		var total int64
@@ -243,17 +247,20 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (_ []
 		}
 		sql, args = promoteClaimSQL, append(append(args, promotionArgs(ps)...), total)
 		promoted = func(sq int64) { moved[sq]++ }
-		defer func() {
+		// The statement itself fails on a shortfall (see
+		// promoteClaimSQL); this names the sub-queue.
+		check = func() error {
 			for id, n := range want {
-				if moved[id] != n && err == nil {
+				if moved[id] != n {
 					sq := t.sqs[id]
-					err = fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
+					return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
 						id, sq.queue, sq.ckey, sq.queued+n, moved[id])
 				}
 			}
-		}()
+			return nil
+		}
 	}
-	err = t.query("claim", sql, args,
+	t.queueQuery("claim", sql, args,
 		func(rows pgx.Rows) error {
 			var r ranked
 			c := &r.c
@@ -284,19 +291,21 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (_ []
 			got = append(got, r)
 			return nil
 		})
-	if err != nil {
-		return nil, err
+	return func() ([]sluice.ClaimedTask, error) {
+		if err := check(); err != nil {
+			return nil, err
+		}
+		// RETURNING comes in no particular order: restore the claim order.
+		sort.Slice(got, func(i, j int) bool {
+			a, b := got[i], got[j]
+			return store.ClaimBefore(a.priority, a.rank, a.c.ID, b.priority, b.rank, b.c.ID)
+		})
+		out := make([]sluice.ClaimedTask, len(got))
+		for i, r := range got {
+			out[i] = r.c
+		}
+		return out, nil
 	}
-	// RETURNING comes in no particular order: restore the claim order.
-	sort.Slice(got, func(i, j int) bool {
-		a, b := got[i], got[j]
-		return store.ClaimBefore(a.priority, a.rank, a.c.ID, b.priority, b.rank, b.c.ID)
-	})
-	out := make([]sluice.ClaimedTask, len(got))
-	for i, r := range got {
-		out[i] = r.c
-	}
-	return out, nil
 }
 
 // completeSQL ends the successful attempts of a batch in one statement:
@@ -345,10 +354,10 @@ func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.
 // Round trips: BEGIN with the env lock, the worker's row, the successes'
 // statement and the refill's first read; then, for a limited queue in the
 // usual case, the counters, the claim (which writes the refill's
-// promotions) and the COMMIT.
+// promotions) and the COMMIT: two.
 func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
 	c store.ClaimSpec) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
-	var claimed []sluice.ClaimedTask
+	claimed := func() ([]sluice.ClaimedTask, error) { return nil, nil }
 	var o store.Outcome
 	w := &claimer{id: workerID}
 	var otherFree int
@@ -385,14 +394,14 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 			return nil
 		}
 		w.held -= done.ended // the attempts just ended were running here
-		var err error
-		claimed, err = w.claim(t, limit, lease, seq)
-		return err
+		claimed = w.claim(t, limit, lease, seq)
+		return nil
 	})
 	if err != nil {
 		return nil, o, nil, err
 	}
-	return done.acks, o, claimed, nil
+	tasks, err := claimed()
+	return done.acks, o, tasks, err
 }
 
 // otherFreeSQL reads the most free slots another live worker sharing a
