@@ -437,15 +437,21 @@ func (t *txn) checkPromoted(ps []promotion) func(br pgx.BatchResults) error {
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("refill: promoting: %w", err)
 		}
-		for id, n := range want {
-			if got[id] != n {
-				sq := t.sqs[id]
-				return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
-					id, sq.queue, sq.ckey, sq.queued+n, got[id])
-			}
-		}
-		return nil
+		return t.checkMoved(want, got)
 	}
+}
+
+// checkMoved compares the tasks promoted per sub-queue with what its
+// counters said (want).
+func (t *txn) checkMoved(want, moved map[int64]int64) error {
+	for id, n := range want {
+		if moved[id] != n {
+			sq := t.sqs[id]
+			return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
+				id, sq.queue, sq.ckey, sq.queued+n, moved[id])
+		}
+	}
+	return nil
 }
 
 // enqueueWaiting puts a task that holds no slot into its sub-queue's wait

@@ -249,16 +249,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 		promoted = func(sq int64) { moved[sq]++ }
 		// The statement itself fails on a shortfall (see
 		// promoteClaimSQL); this names the sub-queue.
-		check = func() error {
-			for id, n := range want {
-				if moved[id] != n {
-					sq := t.sqs[id]
-					return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
-						id, sq.queue, sq.ckey, sq.queued+n, moved[id])
-				}
-			}
-			return nil
-		}
+		check = func() error { return t.checkMoved(want, moved) }
 	}
 	t.queueQuery("claim", sql, args,
 		func(rows pgx.Rows) error {
