@@ -243,7 +243,7 @@ func (t *txn) queueEligible() *eligibleRead {
 // its cached copies hold: the first step takes pre and those, as they
 // stand in memory, in round-robin order.
 func (t *txn) refill(pre *eligibleRead) error {
-	batch := make([]*sqRow, 0, fillScan)
+	var batch []*sqRow
 	for {
 		var full bool // the read may have left eligible sub-queues out
 		if pre != nil {
@@ -257,20 +257,12 @@ func (t *txn) refill(pre *eligibleRead) error {
 			if !t.env.hasRoom() {
 				break
 			}
-			batch = batch[:0]
-			t.queueQuery("refill", eligibleSQL, []any{fillScan}, func(rows pgx.Rows) error {
-				sq := &sqRow{}
-				if err := rows.Scan(sq.dest()...); err != nil {
-					return err
-				}
-				batch = append(batch, sq)
-				return nil
-			})
+			read := t.queueEligible()
 			t.notify()
 			if err := t.send(); err != nil {
 				return err
 			}
-			full = len(batch) >= fillScan
+			batch, full = read.rows, len(read.rows) >= fillScan
 			// Keep one copy per transaction: a cached copy holds the
 			// same values, as the counters were flushed before the read.
 			for i, sq := range batch {
@@ -370,10 +362,17 @@ const headsSQL = `SELECT h.id, p.rank FROM unnest($1::bigint[], $2::bigint[], $3
 	CROSS JOIN LATERAL unnest(ARRAY(
 		SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id OFFSET p.off LIMIT p.n)) AS h(id)`
 
-// promoteSQL moves the heads (headsSQL) to ready.
-const promoteSQL = `UPDATE tasks t SET state = 'ready', rank = h.rank FROM (` + headsSQL + `) h
-	WHERE t.id = h.id
-	RETURNING t.sq`
+// promoteSQL moves the heads (headsSQL) to ready. Fewer tasks moved than
+// the promotions counted ($5) mean the counters drifted from the rows: the
+// statement then fails (division by zero in chk, an UPDATE that always
+// runs), so a transaction whose COMMIT rides in the same round trip is
+// not committed. promoteClaimSQL checks the same way.
+const promoteSQL = `WITH moved AS (
+		UPDATE tasks t SET state = 'ready', rank = h.rank FROM (` + headsSQL + `) h
+		WHERE t.id = h.id
+		RETURNING t.sq),
+	chk AS (UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $5 THEN 1 ELSE 0 END) WHERE id = 1)
+	SELECT sq FROM moved`
 
 // promotionArgs are the arrays headsSQL reads.
 func promotionArgs(ps []promotion) []any {
@@ -387,7 +386,7 @@ func promotionArgs(ps []promotion) []any {
 // queuePromote moves the tasks of a refill step's promotions to ready:
 // one statement, queued for the next round trip. While the transaction
 // defers promotions (a completion whose claim follows), it only records
-// them: claimReady writes them with the claim, in one statement.
+// them: claimer.claim writes them with the claim, in one statement.
 func (t *txn) queuePromote(ps []promotion) {
 	if len(ps) == 0 {
 		return
@@ -400,8 +399,11 @@ func (t *txn) queuePromote(ps []promotion) {
 		}
 		return
 	}
-	t.b.Queue(promoteSQL, promotionArgs(ps)...).Fn = t.checkPromoted(ps)
-	t.checks = true
+	var total int64
+	for _, p := range ps {
+		total += p.n
+	}
+	t.b.Queue(promoteSQL, append(promotionArgs(ps), total)...).Fn = t.checkPromoted(ps)
 }
 
 // writeDeferred writes the deferred promotions (queuePromote) when no
@@ -414,7 +416,8 @@ func (t *txn) writeDeferred() {
 
 // checkPromoted reads the sub-queue of each task a promotion moved (the
 // first column of each row) and checks each sub-queue moved as many as
-// its counter said.
+// its counter said (promoteSQL has already failed if the total fell
+// short: this names the sub-queue).
 func (t *txn) checkPromoted(ps []promotion) func(br pgx.BatchResults) error {
 	want := make(map[int64]int64, len(ps))
 	for _, p := range ps {

@@ -244,7 +244,6 @@ type txn struct {
 	b        *pgx.Batch
 	now      int64
 	preNow   int64 // the clock before the env lock: for a prelude
-	checks   bool  // a queued statement's result is checked in Go (see run)
 	env      *envRow
 	sqs      map[int64]*sqRow
 	sqByKey  map[[2]string]*sqRow
@@ -304,13 +303,6 @@ func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) e
 	t.now = us(s.now())
 	if err := fn(t); err != nil {
 		return err
-	}
-	if t.checks {
-		// Statements whose results are checked here go before the
-		// COMMIT, so a failed check rolls back.
-		if err := t.send(); err != nil {
-			return err
-		}
 	}
 	t.b.Queue("commit").Fn = func(br pgx.BatchResults) error {
 		tag, err := br.Exec()
@@ -377,7 +369,6 @@ func (t *txn) queryRow(what, sql string, args []any, dest ...any) (found bool, e
 
 // send runs the pending batch: one round trip.
 func (t *txn) send() error {
-	t.checks = false
 	if t.b.Len() == 0 {
 		return nil
 	}
