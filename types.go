@@ -25,6 +25,11 @@ const (
 	StateScheduled TaskState = "scheduled"
 	// StateQueued: runnable, waiting for a concurrency slot. Holds no slot.
 	StateQueued TaskState = "queued"
+	// StateReserved: leased to a worker to start on the slot of a task it
+	// runs (Task.After, same sub-queue) the moment that task ends: a
+	// queue's handover (QueueParams.Handover). Holds no slot of its own;
+	// its predecessor's slots pass to it when the worker reports the end.
+	StateReserved TaskState = "reserved"
 	// StateReady: holds its concurrency slots and is claimable by a worker.
 	StateReady TaskState = "ready"
 	// StateRunning: leased to a worker. Holds its slots.
@@ -37,7 +42,7 @@ const (
 )
 
 // AllStates lists every state, in lifecycle order.
-var AllStates = []TaskState{StateScheduled, StateQueued, StateReady, StateRunning, StateSucceeded, StateFailed, StateCancelled, StatePaused}
+var AllStates = []TaskState{StateScheduled, StateQueued, StateReserved, StateReady, StateRunning, StateSucceeded, StateFailed, StateCancelled, StatePaused}
 
 // Valid reports whether s is a known state.
 func (s TaskState) Valid() bool {
@@ -120,6 +125,8 @@ type Task struct {
 	CancelRequested    bool            `json:"cancel_requested,omitempty"`
 	// PausedFrom is the state a paused task returns to on resume.
 	PausedFrom TaskState `json:"paused_from,omitempty"`
+	// After is the running task a reserved task follows (state reserved).
+	After int64 `json:"after,omitempty"`
 	// Explain says why a non-terminal task is not running (S-FC9).
 	Explain  string    `json:"explain"`
 	Attempts []Attempt `json:"attempts"`
@@ -163,6 +170,17 @@ type QueueParams struct {
 	// MaxBacklog caps the unfinished (not terminal) tasks of the queue;
 	// a trigger over it is rejected with 429.
 	MaxBacklog *int `json:"max_backlog"`
+	// Handover: while a limited sub-queue is full and has tasks waiting,
+	// each task a worker claims from it comes with its successor, the next
+	// waiting task, reserved for the same worker (state reserved). The
+	// worker starts the successor on the same slot the moment the task
+	// ends, with no round trip to the server, and reports it with the
+	// result (TaskResult.Next), whose transaction passes the slots on.
+	// Only workers that registered with Handover take part. A reserved
+	// task counts as claimed: a pause or a lower limit applies from the
+	// next claim, and a higher-priority task triggered meanwhile waits
+	// behind it. See docs/flow-control.md.
+	Handover bool `json:"handover,omitempty"`
 }
 
 // Queue is a queue as the API returns it.
@@ -171,6 +189,8 @@ type Queue struct {
 	ConcurrencyLimit *int   `json:"concurrency_limit"`
 	MaxBacklog       *int   `json:"max_backlog"`
 	Paused           bool   `json:"paused"`
+	// Handover: see QueueParams.Handover.
+	Handover bool `json:"handover"`
 	// Running counts tasks holding a slot (ready or running).
 	Running int `json:"running"`
 	// Active counts unfinished tasks.
@@ -208,6 +228,10 @@ type RegisterWorkerParams struct {
 	Kinds []string `json:"kinds"`
 	// Slots is the most tasks the worker runs at once. Required, ≥ 1.
 	Slots int `json:"slots"`
+	// Handover: the worker starts reserved successors (ClaimedTask.After)
+	// of queues with handover on, and reports them (TaskResult.Next). A
+	// worker that does not set it is never handed a reserved task.
+	Handover bool `json:"handover,omitempty"`
 }
 
 // WorkerRegistration answers POST /v1/workers.
@@ -246,6 +270,13 @@ type ClaimedTask struct {
 	CreatedAt      time.Time       `json:"created_at"`
 	StartedAt      time.Time       `json:"started_at"`
 	LeaseExpiresAt time.Time       `json:"lease_expires_at"`
+	// After, when non-zero, makes this a reserved successor (handover):
+	// not started, holding no slot, it is to start on the slot of task
+	// After, which this worker runs, the moment After ends. The worker
+	// then reports After's result with Next set to this task's id. If it
+	// does not hold After any more it releases this task. Attempt is the
+	// attempt it will run as; StartedAt is zero.
+	After int64 `json:"after,omitempty"`
 }
 
 // ClaimResult answers a claim.
@@ -267,6 +298,10 @@ type TaskResult struct {
 	NoRetry bool `json:"no_retry,omitempty"`
 	// RetryAfter overrides the backoff before the next attempt.
 	RetryAfter Duration `json:"retry_after,omitempty"`
+	// Next is the reserved successor (ClaimedTask.After = this task) the
+	// worker started on this task's slot when this attempt ended (0 =
+	// none). Its ack says whether the start stands (ResultAck.Next).
+	Next int64 `json:"next,omitempty"`
 }
 
 // CompleteParams is the body of POST /v1/workers/{id}/complete.
@@ -288,6 +323,11 @@ type ResultAck struct {
 	// Status is "ok", or "stale" when the attempt no longer belongs to the
 	// worker (lease expired, cancelled): its result was dropped.
 	Status string `json:"status"`
+	// Next answers TaskResult.Next: "started" (the successor runs as
+	// reported, holding the slots the task freed) or "lost" (it is no
+	// longer reserved for the worker, e.g. cancelled, or the result was
+	// stale: the worker stops it and drops its result).
+	Next string `json:"next,omitempty"`
 }
 
 // CompleteResult answers a complete call.

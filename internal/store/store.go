@@ -71,7 +71,48 @@ type Worker struct {
 	LastHeartbeatAt time.Time
 	// Lease: the worker's lease runs until registration time + Lease.
 	Lease time.Duration
+	// Handover: the worker takes reserved successors (see Handover).
+	Handover bool
 }
+
+// Handover (sluice.QueueParams.Handover) is part of the store contract:
+//
+//   - Reserve. When a claim (Claim, or the claim of CompleteClaim) hands
+//     a worker registered with Handover a task P of a queue with handover
+//     on, and P's sub-queue is then exactly full (limited, running ==
+//     limit, not paused) with queued tasks, the head of its wait list
+//     (priority, then oldest) becomes reserved for P: state reserved,
+//     worker_id the worker, after_id P, claim_seq the claim's. One
+//     successor per P at most; it leaves the queued counter and takes no
+//     slot. It is returned among the claimed tasks, after P, with After =
+//     P, Attempt = its next attempt and a zero StartedAt.
+//   - Hand over. A result for P with Next = S, acknowledged ok, moves S
+//     (if still reserved for this worker after P) to running in the same
+//     transaction: attempt + 1, started_at = the transaction's time,
+//     timeout set, after_id cleared; it takes the slots P released (no
+//     refill sees them free). The ack's Next is "started"; then S gets a
+//     successor of its own by the Reserve rule (sub-queue exactly full,
+//     queued tasks, not paused, queue handover still on, worker with
+//     Handover), returned with the tasks of CompleteClaim, which does this
+//     even when its ClaimSpec.Max is 0 (no claim). Complete never
+//     reserves (it returns no tasks); the engine uses CompleteClaim for
+//     a batch with a Next. ClaimSpec.Max and a worker's free slots bound
+//     only the tasks claimed to run now, never reserved ones. If S is
+//     not reserved for the worker after P, or P's result is stale, Next
+//     is "lost" and nothing moves.
+//   - Release. Whenever P stops running by any other path (a result
+//     without Next or naming another task, a stale or swept attempt, a
+//     timeout, a dropped worker, Release of P), a task reserved after P
+//     goes back to queued (queued counter + 1, worker_id and after_id
+//     cleared) in the same transaction, and the refill may promote it.
+//     Release of a reserved task itself returns it to queued too.
+//   - Elsewhere a reserved task is claimed work: pause leaves it (it
+//     starts when P ends), ExpireDeadlines skips it, CancelTask cancels it
+//     at once (its hand-over then answers "lost"), Heartbeat counts it as
+//     held by its worker (not lost; an orphan if a settled claim handed
+//     it out and Held omits it), ListWorkers does not list it as running,
+//     and CheckCounters reports a reserved task whose after task is not
+//     running on the same worker in the same sub-queue.
 
 // Backoff returns the delay before attempt+1 after a failed attempt.
 type Backoff func(attempt int) time.Duration
