@@ -50,6 +50,8 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 			return fmt.Sprintf("no worker for kind %q", t.Kind), nil
 		}
 		return fmt.Sprintf("ready: holds its slot, waiting for a free worker slot for kind %q", t.Kind), nil
+	case sluice.StateReserved:
+		return fmt.Sprintf("reserved on worker %s: starts on the slot of task %d when it ends (handover)", t.WorkerID, t.After), nil
 	case sluice.StateRunning:
 		s := fmt.Sprintf("running on worker %s (attempt %d/%d)", t.WorkerID, t.Attempt, t.MaxAttempts)
 		if t.CancelRequested {

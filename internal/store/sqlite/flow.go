@@ -38,6 +38,7 @@ type queueRow struct {
 	limit      sql.NullInt64
 	maxBacklog sql.NullInt64
 	paused     bool
+	handover   bool
 	active     int64
 	dirty      bool
 }
@@ -140,8 +141,8 @@ func (t *txn) queue(name string, create bool) (*queueRow, error) {
 		}
 	}
 	q := &queueRow{name: name}
-	err := t.tx.QueryRowContext(t.ctx, `SELECT concurrency_limit, max_backlog, paused, active FROM queues WHERE name = ?`, name).
-		Scan(&q.limit, &q.maxBacklog, &q.paused, &q.active)
+	err := t.tx.QueryRowContext(t.ctx, `SELECT concurrency_limit, max_backlog, paused, handover, active FROM queues WHERE name = ?`, name).
+		Scan(&q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active)
 	if err == sql.ErrNoRows {
 		return nil, sluice.NotFound("queue %q not found", name)
 	}
@@ -354,6 +355,9 @@ type outcome struct {
 	noRetry    bool
 	retryAfter time.Duration // < 0: retry at once; 0: use backoff
 	backoff    store.Backoff
+	// handingOver: the result names a successor; the caller hands over
+	// (or releases it) instead of endAttempt releasing it.
+	handingOver bool
 }
 
 // succeed ends a running attempt that succeeded, as endAttempt does for
@@ -361,6 +365,16 @@ type outcome struct {
 // write: it is the path of almost every task. It reports false when the
 // attempt is no longer the worker's (stale).
 func (t *txn) succeed(workerID string, r sluice.TaskResult) (bool, error) {
+	ok, q, err := t.succeedIn(workerID, r)
+	if err == nil && ok && q.handover && r.Next == 0 {
+		err = t.releaseAfter(r.TaskID)
+	}
+	return ok, err
+}
+
+// succeedIn is succeed without releasing a reserved successor; it returns
+// the task's queue.
+func (t *txn) succeedIn(workerID string, r sluice.TaskResult) (bool, *queueRow, error) {
 	output := []byte(r.Output)
 	if len(output) == 0 {
 		output = []byte("null")
@@ -373,29 +387,29 @@ func (t *txn) succeed(workerID string, r sluice.TaskResult) (bool, error) {
 		WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ? RETURNING sq, queue, started_at`,
 		output, t.now, r.TaskID, workerID, r.Attempt).Scan(&sqID, &queue, &startedAt)
 	if err == sql.ErrNoRows {
-		return false, nil
+		return false, nil, nil
 	}
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if _, err := t.loadEnv(); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	sq, err := t.subqueue(sqID)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	q, err := t.queue(queue, false)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	t.release(sq)
 	t.finish(q)
 	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, '')`,
 		r.TaskID, r.Attempt, workerID, startedAt, t.now, sluice.StateSucceeded); err != nil {
-		return false, fmt.Errorf("recording attempt: %w", err)
+		return false, nil, fmt.Errorf("recording attempt: %w", err)
 	}
-	return true, nil
+	return true, q, nil
 }
 
 // endAttempt records the attempt, moves the task on (succeeded, failed,
@@ -414,6 +428,11 @@ func (t *txn) endAttempt(r *runningTask, o outcome) error {
 		return err
 	}
 	t.release(sq)
+	if q.handover && !o.handingOver {
+		if err := t.releaseAfter(r.id); err != nil {
+			return err
+		}
+	}
 	state, attemptState := store.AttemptEnd(o.ok, r.cancelRequested, o.noRetry, r.attempt, r.maxAttempts)
 	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, attemptState, o.err); err != nil {
@@ -443,4 +462,115 @@ func (t *txn) endAttempt(r *runningTask, o outcome) error {
 	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
 		state, pausedFrom, o.err, runAt, r.id)
 	return err
+}
+
+// releaseAfter returns the task reserved after task id (handover), if
+// any, to its sub-queue's wait list: id stopped running without handing
+// over.
+func (t *txn) releaseAfter(id int64) error {
+	return t.releaseReserved(`after_id = ?`, id)
+}
+
+// releaseReserved returns the reserved tasks that match where (a
+// condition on tasks) to their sub-queues' wait lists, for the refill.
+func (t *txn) releaseReserved(where string, args ...any) error {
+	rows, err := t.tx.QueryContext(t.ctx, `UPDATE tasks SET state = 'queued', worker_id = NULL, after_id = NULL
+		WHERE state = 'reserved' AND `+where+` RETURNING sq`, args...)
+	if err != nil {
+		return fmt.Errorf("releasing reserved tasks: %w", err)
+	}
+	var sqs []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		sqs = append(sqs, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, id := range sqs {
+		sq, err := t.subqueue(id)
+		if err != nil {
+			return err
+		}
+		sq.queued++
+		sq.dirty = true
+	}
+	return nil
+}
+
+// handOver moves task next, reserved for the worker after task prev, to
+// running in the slots prev released, and reports whether it did.
+func (t *txn) handOver(workerID string, prev, next int64) (bool, error) {
+	var sqID int64
+	err := t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?,
+		timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END, after_id = NULL
+		WHERE id = ? AND state = 'reserved' AND worker_id = ? AND after_id = ? RETURNING sq`,
+		t.now, t.now+store.TimeoutGrace.Microseconds(), next, workerID, prev).Scan(&sqID)
+	if err == sql.ErrNoRows {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("handing over to task %d: %w", next, err)
+	}
+	if _, err := t.loadEnv(); err != nil {
+		return false, err
+	}
+	sq, err := t.subqueue(sqID)
+	if err != nil {
+		return false, err
+	}
+	// The slots prev released, which no refill has seen free.
+	sq.running++
+	t.env.running++
+	sq.dirty, t.env.dirty = true, true
+	return true, nil
+}
+
+// reserveAfter reserves for the worker a successor of each of the tasks
+// it was just handed (or handed over to) whose queue has handover on and
+// whose sub-queue is exactly full with tasks waiting: the head of the
+// wait list, in the order the refill promotes. It returns them as claimed
+// tasks with After set.
+func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int64, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
+	var out []sluice.ClaimedTask
+	for _, p := range handed {
+		q, err := t.queue(p.Queue, false)
+		if err != nil {
+			return nil, err
+		}
+		if !q.handover {
+			continue
+		}
+		sq, err := t.subqueueFor(q, p.ConcurrencyKey)
+		if err != nil {
+			return nil, err
+		}
+		if !sq.lim.Valid || sq.paused || sq.running != sq.lim.Int64 || sq.queued == 0 {
+			continue
+		}
+		var c sluice.ClaimedTask
+		var input []byte
+		var timeoutUS, created int64
+		err = t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'reserved', worker_id = ?, after_id = ?, claim_seq = ?
+			WHERE id = (SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT 1)
+			RETURNING id, kind, queue, ckey, attempt + 1, max_attempts, input, timeout_us, created_at`,
+			workerID, p.ID, seq, sq.id).Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created)
+		if err != nil {
+			return nil, fmt.Errorf("reserving a successor of task %d: %w", p.ID, err)
+		}
+		sq.queued--
+		sq.dirty = true
+		c.Input = store.JSONOrNull(input)
+		c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+		c.CreatedAt = fromUS(created)
+		c.LeaseExpiresAt = leaseUntil.UTC()
+		c.After = p.ID
+		out = append(out, c)
+	}
+	return out, nil
 }

@@ -21,9 +21,10 @@ func nullInt(p *int) any {
 // the sub-queue is below it.
 func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, store.Outcome, error) {
 	o, err := s.write(ctx, func(t *txn) error {
-		if _, err := t.exec(`INSERT INTO queues (name, concurrency_limit, max_backlog, created_at, updated_at) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog, updated_at = excluded.updated_at`,
-			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), t.now, t.now); err != nil {
+		if _, err := t.exec(`INSERT INTO queues (name, concurrency_limit, max_backlog, handover, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
+				handover = excluded.handover, updated_at = excluded.updated_at`,
+			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), p.Handover, t.now, t.now); err != nil {
 			return fmt.Errorf("writing queue: %w", err)
 		}
 		_, err := t.exec(`UPDATE subqueues SET lim = ? WHERE queue = ?`, nullInt(p.ConcurrencyLimit), name)
@@ -36,14 +37,14 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 	return q, o, err
 }
 
-const queueCols = `name, concurrency_limit, max_backlog, paused, active, created_at, updated_at,
+const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name)`
 
 func scanQueue(row interface{ Scan(...any) error }) (*sluice.Queue, error) {
 	var q sluice.Queue
 	var lim, backlog sql.NullInt64
 	var created, updated int64
-	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Active, &created, &updated, &q.Running); err != nil {
+	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running); err != nil {
 		return nil, err
 	}
 	if lim.Valid {
@@ -259,6 +260,10 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		{"queue active", `SELECT q.name, q.active, (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM queues q WHERE q.active != n`},
 		{"env running", `SELECT 'env', e.running, (SELECT count(*) FROM tasks WHERE state IN ('ready', 'running')) AS n FROM env e WHERE e.running != n`},
 		{"env active", `SELECT 'env', e.active, (SELECT count(*) FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM env e WHERE e.active != n`},
+		// A reserved task follows a task running on its worker in its
+		// sub-queue (handover).
+		{"reserved task", `SELECT 'task ' || r.id, r.after_id, coalesce(p.id, 0) FROM tasks r LEFT JOIN tasks p ON p.id = r.after_id
+			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.state != 'running' OR p.worker_id IS NOT r.worker_id OR p.sq != r.sq)`},
 		{"env over limit", `SELECT 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`},
 		// No idle capacity (S-FC2): with room in the environment, no
 		// sub-queue with room may have tasks waiting.

@@ -160,9 +160,9 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
-	t.worker_id, t.cancel_requested, w.lease_expires_at`
+	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id`
 
-const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state = 'running'`
+const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 
 func scanTask(row interface{ Scan(...any) error }) (*sluice.Task, error) {
 	var (
@@ -171,16 +171,18 @@ func scanTask(row interface{ Scan(...any) error }) (*sluice.Task, error) {
 		input, output                        []byte
 		timeoutUS, runAt, createdAt          int64
 		deadline, started, finished, leaseAt sql.NullInt64
+		after                                sql.NullInt64
 	)
 	err := row.Scan(&task.ID, &task.Kind, &task.Queue, &task.ConcurrencyKey, &task.Priority, &task.State, &pausedFrom,
 		&task.Attempt, &task.MaxAttempts, &input, &output, &task.Error, &timeoutUS, &runAt, &deadline, &idem,
-		&createdAt, &started, &finished, &workerID, &task.CancelRequested, &leaseAt)
+		&createdAt, &started, &finished, &workerID, &task.CancelRequested, &leaseAt, &after)
 	if err != nil {
 		return nil, err
 	}
 	task.PausedFrom = sluice.TaskState(pausedFrom.String)
 	task.IdempotencyKey = idem.String
 	task.WorkerID = workerID.String
+	task.After = after.Int64
 	task.Input = store.JSONOrNull(input)
 	task.Output = store.JSONOrNull(output)
 	task.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
@@ -335,6 +337,9 @@ func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sqID int64, queue,
 	if reason != "cancelled" {
 		final, msg = sluice.StateFailed, reason
 	}
-	_, err = t.exec(`UPDATE tasks SET state = ?, error = ?, finished_at = ?, paused_from = NULL WHERE id = ?`, final, msg, t.now, id)
+	// A reserved task (handover) holds no slot and is not counted as
+	// queued: it only leaves its worker.
+	_, err = t.exec(`UPDATE tasks SET state = ?, error = ?, finished_at = ?, paused_from = NULL, worker_id = NULL, after_id = NULL WHERE id = ?`,
+		final, msg, t.now, id)
 	return err
 }

@@ -19,8 +19,8 @@ func (s *Store) RegisterWorker(ctx context.Context, w store.Worker) error {
 	kinds, _ := json.Marshal(w.Kinds)
 	return s.tx(ctx, func(tx *wtx) error {
 		now := s.now()
-		if _, err := tx.ExecContext(ctx, `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, w.ID, w.Name, string(kinds), w.Slots, w.Slots, us(now), us(now), us(now.Add(w.Lease))); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at, handover)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, w.ID, w.Name, string(kinds), w.Slots, w.Slots, us(now), us(now), us(now.Add(w.Lease)), w.Handover); err != nil {
 			return fmt.Errorf("registering worker: %w", err)
 		}
 		for _, k := range w.Kinds {
@@ -121,7 +121,12 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 	var out []sluice.ClaimedTask
 	err := s.tx(ctx, func(tx *wtx) error {
 		var err error
-		out, err = s.claim(ctx, tx, workerID, limit, lease, seq)
+		var handover bool
+		out, handover, err = s.claim(ctx, tx, workerID, limit, lease, seq)
+		if err != nil || !handover || len(out) == 0 {
+			return err
+		}
+		out, err = s.reserveFor(ctx, tx, workerID, out, seq, lease)
 		return err
 	})
 	if err != nil {
@@ -130,14 +135,34 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 	return out, nil
 }
 
+// reserveFor appends to tasks just handed to a worker with handover the
+// successors reserved for them (see store.Handover).
+func (s *Store) reserveFor(ctx context.Context, tx *wtx, workerID string, tasks []sluice.ClaimedTask, seq int64, lease time.Duration) ([]sluice.ClaimedTask, error) {
+	var next []sluice.ClaimedTask
+	_, err := s.writeIn(ctx, tx, func(t *txn) error {
+		var err error
+		next, err = t.reserveAfter(workerID, tasks, seq, fromUS(t.now).Add(lease))
+		return err
+	})
+	return append(tasks, next...), err
+}
+
 // claim is the body of Claim, in tx.
-func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
+func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, bool, error) {
+	var handover bool
+	out, err := s.claimFor(ctx, tx, workerID, limit, lease, seq, &handover)
+	return out, handover, err
+}
+
+// claimFor is claim; it sets *handover to the worker's handover flag.
+func (s *Store) claimFor(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64, handover *bool) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
 	now := s.now()
 	leaseUntil := now.Add(lease)
 	var slots int
 	var kindsJSON string
-	err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds`, us(leaseUntil), workerID).Scan(&slots, &kindsJSON)
+	err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds, handover`, us(leaseUntil), workerID).
+		Scan(&slots, &kindsJSON, handover)
 	if err == sql.ErrNoRows {
 		return nil, store.WorkerNotFound(workerID)
 	}
@@ -256,7 +281,16 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 	var claimed []sluice.ClaimedTask
 	err := s.tx(ctx, func(tx *wtx) error {
 		var err error
-		o, err = s.writeIn(ctx, tx, func(t *txn) error { return t.complete(workerID, results, backoff, acks) })
+		var next []sluice.ClaimedTask // successors of tasks handed over to
+		o, err = s.writeIn(ctx, tx, func(t *txn) error {
+			handed, err := t.completeHanding(workerID, results, backoff, acks)
+			if err != nil || len(handed) == 0 {
+				return err
+			}
+			next, err = t.reserveAfter(workerID, handed, seq, fromUS(t.now).Add(lease))
+			return err
+		})
+		defer func() { claimed = append(claimed, next...) }()
 		if err != nil || limit <= 0 {
 			return err
 		}
@@ -273,10 +307,15 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 				return nil
 			}
 		}
-		claimed, err = s.claim(ctx, tx, workerID, limit, lease, seq)
+		var handover bool
+		claimed, handover, err = s.claim(ctx, tx, workerID, limit, lease, seq)
 		if errors.Is(err, sluice.ErrNotFound) {
 			claimed, err = nil, nil // the results stand (acknowledged stale)
 		}
+		if err != nil || !handover || len(claimed) == 0 {
+			return err
+		}
+		claimed, err = s.reserveFor(ctx, tx, workerID, claimed, seq, lease)
 		return err
 	})
 	if err != nil {
@@ -286,16 +325,31 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 }
 
 // complete ends the attempts of a worker's results: the body of Complete.
+// A result naming a successor (Next) hands over to it; Complete reserves
+// no successor for it.
 func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff store.Backoff, acks []sluice.ResultAck) error {
+	_, err := t.completeHanding(workerID, results, backoff, acks)
+	return err
+}
+
+// completeHanding is complete; it returns the tasks handed over to.
+func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, backoff store.Backoff, acks []sluice.ResultAck) ([]sluice.ClaimedTask, error) {
+	var handed []sluice.ClaimedTask
 	for i, r := range results {
 		acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+		if r.Next != 0 {
+			acks[i].Next = "lost"
+		}
 		if r.Error == "" {
 			ok, err := t.succeed(workerID, r)
 			if err != nil {
-				return fmt.Errorf("complete task %d: %w", r.TaskID, err)
+				return nil, fmt.Errorf("complete task %d: %w", r.TaskID, err)
 			}
 			if ok {
 				acks[i].Status = "ok"
+				if handed, err = t.handOverAck(workerID, r, &acks[i], handed); err != nil {
+					return nil, err
+				}
 			}
 			continue
 		}
@@ -305,19 +359,47 @@ func (t *txn) complete(workerID string, results []sluice.TaskResult, backoff sto
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("complete: %w", err)
+			return nil, fmt.Errorf("complete: %w", err)
 		}
-		oc := outcome{ok: r.Error == "", output: r.Output, err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff}
+		oc := outcome{ok: r.Error == "", output: r.Output, err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff,
+			handingOver: r.Next != 0}
 		if len(oc.output) == 0 {
 			oc.output = []byte("null")
 		}
 		if err := t.endAttempt(rt, oc); err != nil {
-			return fmt.Errorf("complete task %d: %w", r.TaskID, err)
+			return nil, fmt.Errorf("complete task %d: %w", r.TaskID, err)
 		}
 		acks[i].Status = "ok"
+		if handed, err = t.handOverAck(workerID, r, &acks[i], handed); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	return handed, nil
 }
+
+// handOverAck hands over from a result's task, ended ok, to the successor
+// it names (if any), answering in ack.Next; if that fails, the task
+// reserved after it (if any) goes back to the wait list.
+func (t *txn) handOverAck(workerID string, r sluice.TaskResult, ack *sluice.ResultAck, handed []sluice.ClaimedTask) ([]sluice.ClaimedTask, error) {
+	if r.Next == 0 {
+		return handed, nil
+	}
+	ok, err := t.handOver(workerID, r.TaskID, r.Next)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return handed, t.releaseAfter(r.TaskID)
+	}
+	ack.Next = "started"
+	var c sluice.ClaimedTask
+	if err := t.tx.QueryRowContext(t.ctx, `SELECT id, queue, ckey FROM tasks WHERE id = ?`, r.Next).Scan(&c.ID, &c.Queue, &c.ConcurrencyKey); err != nil {
+		return nil, err
+	}
+	return append(handed, c), nil
+}
+
+
 
 // Heartbeat extends a worker's lease; see store.Store.
 func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel, orphans []int64, err error) {
@@ -334,7 +416,8 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 		if n, _ := res.RowsAffected(); n == 0 {
 			return store.WorkerNotFound(workerID)
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = ?
+			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'reserved' AND worker_id = ?`, workerID, workerID)
 		if err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
 		}
@@ -371,7 +454,12 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 		for _, id := range ids {
 			rt, err := scanRunning(t.tx.QueryRowContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ?`, id, workerID))
 			if err == sql.ErrNoRows {
-				continue // not ours any more: nothing to release
+				// A reserved successor goes back to the wait list; a task
+				// not ours any more has nothing to release.
+				if err := t.releaseReserved(`id = ? AND worker_id = ?`, id, workerID); err != nil {
+					return err
+				}
+				continue
 			}
 			if err != nil {
 				return fmt.Errorf("release: %w", err)
@@ -379,6 +467,11 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			q, err := t.queue(rt.queue, false)
 			if err != nil {
 				return err
+			}
+			if q.handover {
+				if err := t.releaseAfter(id); err != nil {
+					return err
+				}
 			}
 			state := sluice.StateReady
 			var pausedFrom any
@@ -419,6 +512,9 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 // to the flow at once (no backoff), counted as an attempt.
 func (t *txn) dropWorker(workerID, reason string) error {
 	if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
+		return err
+	}
+	if err := t.releaseReserved(`worker_id = ?`, workerID); err != nil {
 		return err
 	}
 	rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)

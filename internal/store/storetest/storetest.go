@@ -163,6 +163,11 @@ func Run(t *testing.T, ns NewStore) {
 		"KindsOnlyClaimed":        testKinds,
 		"Shortfall":               testShortfall,
 		"Retention":               testRetention,
+		"HandoverPassesSlot":      testHandoverPassesSlot,
+		"HandoverOptIn":           testHandoverOptIn,
+		"HandoverReleases":        testHandoverReleases,
+		"HandoverPauseCancel":     testHandoverPauseCancel,
+		"HandoverHeartbeat":       testHandoverHeartbeat,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })
