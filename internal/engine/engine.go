@@ -432,11 +432,11 @@ func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerPara
 	if p.Name == "" {
 		p.Name = id
 	}
-	err := e.st.RegisterWorker(ctx, store.Worker{ID: id, Name: p.Name, Kinds: p.Kinds, Slots: p.Slots, Lease: e.cfg.Lease})
+	err := e.st.RegisterWorker(ctx, store.Worker{ID: id, Name: p.Name, Kinds: p.Kinds, Slots: p.Slots, Lease: e.cfg.Lease, Handover: p.Handover})
 	if err != nil {
 		return nil, err
 	}
-	e.log.Info("worker registered", "worker", id, "name", p.Name, "kinds", p.Kinds, "slots", p.Slots)
+	e.log.Info("worker registered", "worker", id, "name", p.Name, "kinds", p.Kinds, "slots", p.Slots, "handover", p.Handover)
 	return &sluice.WorkerRegistration{ID: id, Lease: sluice.Duration(e.cfg.Lease), HeartbeatInterval: sluice.Duration(e.cfg.HeartbeatInterval)}, nil
 }
 
@@ -509,6 +509,27 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 	}
 }
 
+// startedNow is the tasks a claim hands out to run now, without the
+// reserved successors (handover) that follow them.
+func startedNow(tasks []sluice.ClaimedTask) []sluice.ClaimedTask {
+	n := 0
+	for _, t := range tasks {
+		if t.After == 0 {
+			n++
+		}
+	}
+	if n == len(tasks) {
+		return tasks
+	}
+	out := make([]sluice.ClaimedTask, 0, n)
+	for _, t := range tasks {
+		if t.After == 0 {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 func nonNil[T any](s []T) []T {
 	if s == nil {
 		return []T{}
@@ -537,6 +558,7 @@ func (e *Engine) looked(workerID string, max int, tasks []sluice.ClaimedTask, ep
 	if !start.IsZero() {
 		e.metrics.claimLatency.Observe(time.Since(start).Seconds())
 	}
+	tasks = startedNow(tasks)
 	if len(tasks) > 0 {
 		e.disp.servedNow(workerID)
 		e.metrics.claimed(tasks)
@@ -587,6 +609,10 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		default:
 			e.looked(workerID, p.Claim, tasks, epoch, time.Time{})
 		}
+	} else if handsOver(p.Results) {
+		// No claim, but the tasks handed over to may get successors.
+		acks, o, tasks, err = e.st.CompleteClaim(ctx, workerID, p.Results, e.cfg.Backoff,
+			store.ClaimSpec{Lease: e.cfg.Lease, Seq: p.ClaimSeq})
 	} else {
 		acks, o, err = e.st.Complete(ctx, workerID, p.Results, e.cfg.Backoff)
 	}
@@ -594,8 +620,14 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		return nil, err
 	}
 	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
+	started := len(startedNow(tasks))
+	for _, a := range acks {
+		if a.Next == "started" {
+			e.metrics.handovers.Inc()
+		}
+	}
 	switch {
-	case piggyback && o.Readied > len(tasks) && len(tasks) >= p.Claim:
+	case piggyback && o.Readied > started && started >= p.Claim:
 		// Its claim got all it asked for and left readied tasks: they
 		// may be for the worker's other free slots, waiting in its
 		// long-poll. Wake everyone, the worker included.
@@ -682,4 +714,14 @@ func (e *Engine) DeregisterWorker(ctx context.Context, workerID string) error {
 	e.after(o)
 	e.log.Info("worker deregistered", "worker", workerID)
 	return nil
+}
+
+// handsOver reports whether a result names a successor it started.
+func handsOver(rs []sluice.TaskResult) bool {
+	for _, r := range rs {
+		if r.Next != 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -37,6 +37,9 @@ type Metrics struct {
 	// orphans counts tasks released because their claim's answer never
 	// reached the worker (HeartbeatParams.ClaimsSettled).
 	orphans prometheus.Counter
+	// handovers counts reserved successors started on their
+	// predecessor's slot (handover).
+	handovers prometheus.Counter
 }
 
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
@@ -61,7 +64,9 @@ func newMetrics(st store.Store) *Metrics {
 	m.sweeps = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_sweeps_total", Help: "Sweeps run by this server (expired leases, timeouts, dispatch deadlines)."})
 	m.orphans = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_orphans_released_total",
 		Help: "Tasks released back to the flow because the answer of the claim that handed them out never reached the worker."})
-	m.reg.MustRegister(m.orphans, m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimLooksSkipped, m.triggerGroup, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
+	m.handovers = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_handovers_total",
+		Help: "Reserved successors a worker started on the slot of the task before them, without a claim (queue handover)."})
+	m.reg.MustRegister(m.handovers, m.orphans, m.leader, m.sweeps, m.retained, m.provisioner, m.triggered, m.admission, m.pickup, m.claimLatency, m.claimLooksSkipped, m.triggerGroup, m.claimedTotal, m.finishedTotal, m.swept, m.deadlineExpired,
 		&queueCollector{st: st}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
