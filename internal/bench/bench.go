@@ -72,6 +72,10 @@ type Config struct {
 	SlowTasks int
 	SlowLimit int
 	SlowSleep time.Duration
+	// SlowNoHandover runs (e) on a queue without handover (the default
+	// has it on: a worker starts the next task on the slot the moment
+	// the one before ends).
+	SlowNoHandover bool
 	// Bulk is how (d) writes its blocked backlog: TriggerMany calls or
 	// one SQL statement. BulkAuto (the zero value) uses SQL above 100000
 	// tasks.

@@ -15,9 +15,11 @@ import (
 // the bottleneck, running tasks that take a while. The ideal is the limit
 // kept full all the time: tasks × sleep / limit.
 type SlowResult struct {
-	Tasks        int     `json:"tasks"`
-	Limit        int     `json:"limit"`
-	SleepMS      float64 `json:"sleep_ms"`
+	Tasks   int     `json:"tasks"`
+	Limit   int     `json:"limit"`
+	SleepMS float64 `json:"sleep_ms"`
+	// Handover: the queue had handover on (QueueParams.Handover).
+	Handover     bool    `json:"handover"`
 	IdealSeconds float64 `json:"ideal_seconds"`
 	// Seconds from the first task's start to the last one's finish, as
 	// the server recorded them.
@@ -44,10 +46,10 @@ func RunSlowLimited(ctx context.Context, cfg Config) (*SlowResult, error) {
 	}
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	r := &SlowResult{Tasks: cfg.SlowTasks, Limit: cfg.SlowLimit, SleepMS: float64(ms(cfg.SlowSleep))}
+	r := &SlowResult{Tasks: cfg.SlowTasks, Limit: cfg.SlowLimit, SleepMS: float64(ms(cfg.SlowSleep)), Handover: !cfg.SlowNoHandover}
 	ideal := time.Duration(cfg.SlowTasks) * cfg.SlowSleep / time.Duration(cfg.SlowLimit)
 	r.IdealSeconds = ideal.Seconds()
-	cfg.progress("(e) limited queue: %d tasks of sleep %s under queue limit %d (ideal %s)", r.Tasks, cfg.SlowSleep, r.Limit, ideal)
+	cfg.progress("(e) limited queue: %d tasks of sleep %s under queue limit %d, handover %s (ideal %s)", r.Tasks, cfg.SlowSleep, r.Limit, onOff(r.Handover), ideal)
 
 	e, err := newEnv(ctx, &cfg, "slow", envOptions{})
 	if err != nil {
@@ -55,7 +57,7 @@ func RunSlowLimited(ctx context.Context, cfg Config) (*SlowResult, error) {
 	}
 	defer e.close()
 	const queue = "bench-slow"
-	if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: &r.Limit}); err != nil {
+	if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: &r.Limit, Handover: r.Handover}); err != nil {
 		return nil, fmt.Errorf("creating queue: %w", err)
 	}
 	input, _ := json.Marshal(map[string]string{"duration": cfg.SlowSleep.String()})
@@ -156,4 +158,11 @@ func maxOverlap(spans []span) int {
 		most = max(most, cur)
 	}
 	return most
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
