@@ -51,6 +51,10 @@ var errPlanned = errors.New("planned failure")
 // task must have reached its planned end exactly once, the crashed worker's
 // tasks must have been recovered by the lease sweeper, and the store's
 // counters must match the tasks.
+// The ledger test with handover on its limited queues (S-FC1 must hold
+// just the same).
+func TestLedgerHandoverNeverExceedsLimits(t *testing.T) { TestLedgerNeverExceedsLimits(t) }
+
 func TestLedgerNeverExceedsLimits(t *testing.T) {
 	t.Parallel()
 	total := envInt("SLUICE_LEDGER_TASKS", 2000)
@@ -71,9 +75,12 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 	h := newHarness(t, server.Config{MaxRunning: maxRunning, Lease: lease, SweepInterval: 200 * time.Millisecond})
 	ctx := h.ctx
 	client, workerClient := h.serveHTTP()
-	_, err := h.b.PutQueue(ctx, qBounded, sluice.QueueParams{ConcurrencyLimit: intp(3)})
+	// Run as TestLedger…Handover…, both limited queues hand each slot
+	// straight to a reserved successor (the Go workers take part).
+	handover := strings.Contains(t.Name(), "Handover")
+	_, err := h.b.PutQueue(ctx, qBounded, sluice.QueueParams{ConcurrencyLimit: intp(3), Handover: handover})
 	require.NoError(t, err)
-	_, err = h.b.PutQueue(ctx, qKeyed, sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, err = h.b.PutQueue(ctx, qKeyed, sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: handover})
 	require.NoError(t, err)
 
 	type workerSpec struct {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,12 +172,17 @@ func waitStarted(t *testing.T, l *ledger.Ledger, id int64) {
 
 // S-W2/S-FC3: the tasks of a key with limit 1 run strictly one after
 // another, in order, however many workers and free slots there are.
+// FIFO per key holds with handover too: a key's successor is its oldest
+// waiting task.
+func TestOrderHandoverKeySequential(t *testing.T) { TestOrderKeySequential(t) }
+
 func TestOrderKeySequential(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, server.Config{})
 	ctx := h.ctx
 	const queue = "serial"
-	_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	handover := strings.Contains(t.Name(), "Handover")
+	_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: handover})
 	require.NoError(t, err)
 
 	l := ledger.New(ledger.Limits{Queue: map[string]int{queue: 1}})

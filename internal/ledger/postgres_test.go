@@ -30,3 +30,7 @@ func TestOrderPostgresRoundRobinAcrossKeys(t *testing.T) { TestOrderRoundRobinAc
 func TestOrderPostgresKeySequential(t *testing.T) { TestOrderKeySequential(t) }
 
 func TestWorkerPostgresComesBackAfterLeaseLoss(t *testing.T) { TestWorkerComesBackAfterLeaseLoss(t) }
+
+func TestLedgerPostgresHandoverNeverExceedsLimits(t *testing.T) { TestLedgerNeverExceedsLimits(t) }
+
+func TestOrderPostgresHandoverKeySequential(t *testing.T) { TestOrderKeySequential(t) }

@@ -101,11 +101,15 @@ type Worker struct {
 //     not reserved for the worker after P, or P's result is stale, Next
 //     is "lost" and nothing moves.
 //   - Release. Whenever P stops running by any other path (a result
-//     without Next or naming another task, a stale or swept attempt, a
-//     timeout, a dropped worker, Release of P), a task reserved after P
-//     goes back to queued (queued counter + 1, worker_id and after_id
-//     cleared) in the same transaction, and the refill may promote it.
-//     Release of a reserved task itself returns it to queued too.
+//     without Next or naming another task, a stale result, a timeout,
+//     Release of P), a task reserved after P goes back to queued (queued
+//     counter + 1, worker_id and after_id cleared) in the same
+//     transaction, and the refill may promote it. Release of a reserved
+//     task itself returns it to queued too, its attempt not counted.
+//   - A gone worker (lease expired, deregistered) may have started its
+//     reserved tasks without reporting it: each is ended like its running
+//     tasks, as a counted attempt (started and finished at the sweep), so
+//     a re-run never repeats an attempt number.
 //   - Elsewhere a reserved task is claimed work: pause leaves it (it
 //     starts when P ends), ExpireDeadlines skips it, CancelTask cancels it
 //     at once (its hand-over then answers "lost"), Heartbeat counts it as

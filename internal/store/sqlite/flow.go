@@ -574,3 +574,45 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int
 	}
 	return out, nil
 }
+
+// startReserved treats the tasks reserved for a gone worker as started:
+// each may have begun on its predecessor's slot before the worker died
+// (the report never came), so it ends like a running task, its attempt
+// counted, rather than run again under the same attempt number. They
+// become running here, taking a slot each, and dropWorker ends them with
+// the worker's running tasks, giving the slots back.
+func (t *txn) startReserved(workerID string) error {
+	rows, err := t.tx.QueryContext(t.ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?, timeout_at = NULL, after_id = NULL
+		WHERE state = 'reserved' AND worker_id = ? RETURNING sq`, t.now, workerID)
+	if err != nil {
+		return fmt.Errorf("reserved tasks of a gone worker: %w", err)
+	}
+	var sqs []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		sqs = append(sqs, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(sqs) > 0 {
+		if _, err := t.loadEnv(); err != nil {
+			return err
+		}
+	}
+	for _, id := range sqs {
+		sq, err := t.subqueue(id)
+		if err != nil {
+			return err
+		}
+		sq.running++
+		t.env.running++
+		sq.dirty, t.env.dirty = true, true
+	}
+	return nil
+}

@@ -514,7 +514,7 @@ func (t *txn) dropWorker(workerID, reason string) error {
 	if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
 		return err
 	}
-	if err := t.releaseReserved(`worker_id = ?`, workerID); err != nil {
+	if err := t.startReserved(workerID); err != nil {
 		return err
 	}
 	rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)

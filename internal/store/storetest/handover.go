@@ -232,6 +232,12 @@ func testHandoverReleases(t *testing.T, ns NewStore) {
 	require.Equal(t, 1, n)
 	require.Equal(t, sluice.StateReady, h.state(p.ID))
 	require.Equal(t, sluice.StateQueued, h.state(s.ID))
+	// The successor may have started before the worker died: its attempt
+	// is counted, so a re-run never repeats an attempt number.
+	got := h.get(p.ID)
+	require.Equal(t, 2, got.Attempt)
+	require.Len(t, got.Attempts, 2)
+	require.Contains(t, got.Attempts[1].Error, "lease expired")
 	h.counters()
 	// Its late report is stale, and so is the hand-over.
 	acks, _ = h.completeNext("w", withNext(ok(asRunning(s)), p.ID))
@@ -325,5 +331,6 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateReady, h.state(run[0].ID))
 	require.Equal(t, sluice.StateQueued, h.state(next[run[0].ID].ID))
+	require.Equal(t, 1, h.get(next[run[0].ID].ID).Attempt, "may have started: counted")
 	h.counters()
 }
