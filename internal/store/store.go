@@ -79,8 +79,9 @@ type Worker struct {
 //
 //   - Reserve. When a claim (Claim, or the claim of CompleteClaim) hands
 //     a worker registered with Handover a task P of a queue with handover
-//     on, and P's sub-queue is then exactly full (limited, running ==
-//     limit, not paused) with queued tasks, the head of its wait list
+//     on, and P's sub-queue is limited, not over its limit (running ≤
+//     limit, as the transaction holds it before its refill), not paused,
+//     and has queued tasks, the head of its wait list
 //     (priority, then oldest) becomes reserved for P: state reserved,
 //     worker_id the worker, after_id P, claim_seq the claim's. One
 //     successor per P at most; it leaves the queued counter and takes no
@@ -91,8 +92,8 @@ type Worker struct {
 //     transaction: attempt + 1, started_at = the transaction's time,
 //     timeout set, after_id cleared; it takes the slots P released (no
 //     refill sees them free). The ack's Next is "started"; then S gets a
-//     successor of its own by the Reserve rule (sub-queue exactly full,
-//     queued tasks, not paused, queue handover still on, worker with
+//     successor of its own by the Reserve rule (sub-queue not over its
+//     limit, queued tasks, not paused, queue handover still on, worker with
 //     Handover), returned with the tasks of CompleteClaim, which does this
 //     even when its ClaimSpec.Max is 0 (no claim). Complete never
 //     reserves (it returns no tasks); the engine uses CompleteClaim for

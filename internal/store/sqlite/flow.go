@@ -533,7 +533,7 @@ func (t *txn) handOver(workerID string, prev, next int64) (bool, error) {
 
 // reserveAfter reserves for the worker a successor of each of the tasks
 // it was just handed (or handed over to) whose queue has handover on and
-// whose sub-queue is exactly full with tasks waiting: the head of the
+// whose limited sub-queue is not over its limit and has tasks waiting: the head of the
 // wait list, in the order the refill promotes. It returns them as claimed
 // tasks with After set.
 func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int64, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
@@ -550,7 +550,12 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int
 		if err != nil {
 			return nil, err
 		}
-		if !sq.lim.Valid || sq.paused || sq.running != sq.lim.Int64 || sq.queued == 0 {
+		// Not over its limit (a lowered limit ends the chains), tasks
+		// waiting. A sub-queue with room has them promoted by the refill
+		// too: the reserved task is only the next in line, and a
+		// completion batch whose other results freed slots keeps every
+		// chain going.
+		if !sq.lim.Valid || sq.paused || sq.running > sq.lim.Int64 || sq.queued == 0 {
 			continue
 		}
 		var c sluice.ClaimedTask

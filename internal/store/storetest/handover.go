@@ -135,7 +135,7 @@ func more0(t *testing.T, id int64, h *h) sluice.ClaimedTask {
 }
 
 // Only a worker and a queue that both have it on, and only while the
-// sub-queue is exactly full with tasks waiting.
+// sub-queue is limited with tasks waiting.
 func testHandoverOptIn(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
 	_, _, err := h.st.PutQueue(h.ctx, "plain", sluice.QueueParams{ConcurrencyLimit: intp(1)})
