@@ -111,6 +111,12 @@ type Worker struct {
 //     reserved tasks without reporting it: each is ended like its running
 //     tasks, as a counted attempt (started and finished at the sweep), so
 //     a re-run never repeats an attempt number.
+//   - PutQueue with Handover off returns the queue's reserved tasks to
+//     queued (a successor its worker started at that instant is then
+//     answered "lost").
+//   - A reserved task's kind is not checked against the worker's: it is
+//     the head of the wait list. A worker that does not handle it
+//     releases it at once (the Go worker does).
 //   - Elsewhere a reserved task is claimed work: pause leaves it (it
 //     starts when P ends), ExpireDeadlines skips it, CancelTask cancels it
 //     at once (its hand-over then answers "lost"), Heartbeat counts it as

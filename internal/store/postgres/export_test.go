@@ -3,6 +3,7 @@ package postgres
 import (
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -12,3 +13,7 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // SetCheckEvery sets how often quiet LISTEN and leader connections are
 // pinged (before Listen or TryLead).
 func (s *Store) SetCheckEvery(d time.Duration) { s.checkEvery = d }
+
+// WithTracer traces the pool's statements (SendBatch and Query calls: the
+// store's round trips).
+func WithTracer(tr pgx.QueryTracer) Option { return func(s *Store) { s.tracer = tr } }

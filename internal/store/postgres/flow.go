@@ -59,15 +59,16 @@ type queueRow struct {
 	limit      *int64
 	maxBacklog *int64
 	paused     bool
+	handover   bool // see store.Handover
 	active     int64
 	dirty      bool
 }
 
 // qCols are a queue's columns, table alias q; dest scans them.
-const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.active`
+const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active`
 
 func (q *queueRow) dest() []any {
-	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.active}
+	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active}
 }
 
 // useSQ returns the transaction's copy of a sub-queue just read, caching
@@ -488,25 +489,33 @@ type runningTask struct {
 	timeoutUS            int64
 	sq                   *sqRow
 	q                    *queueRow
+	// next are the tasks reserved after this one (handover; at most one):
+	// ending the attempt returns them to the wait list (unreserveAfter)
+	// unless the caller hands over to one and drops it from next.
+	next []int64
 }
 
 // runningSelect reads tasks (alias t, filtered by where) with their
 // sub-queue and queue rows, so ending their attempts needs no further
 // reads. The tasks are picked in a CTE of their own: joined directly, the
 // planner could drive the search from the queues through tasks_queue_state
-// and read every task of the queue while statistics lag.
+// and read every task of the queue while statistics lag. The last column
+// is the tasks reserved after each (handover), a probe of the small
+// partial index tasks_reserved, so ending an attempt knows its successor
+// without a read of its own.
 func runningSelect(where string) string {
 	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue
 		FROM tasks t WHERE ` + where + `)
 	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
-		sqCols + `, ` + qCols + ` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
+		sqCols + `, ` + qCols + `, ARRAY(SELECT r.id FROM tasks r WHERE r.state = 'reserved' AND r.after_id = t.id ORDER BY r.id)
+	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
 }
 
 func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
 	sq, q := &sqRow{}, &queueRow{}
 	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS}, sq.dest()...)
-	if err := rows.Scan(append(dest, q.dest()...)...); err != nil {
+	if err := rows.Scan(append(append(dest, q.dest()...), &r.next)...); err != nil {
 		return nil, err
 	}
 	r.sq, r.q = t.useSQ(sq), t.useQueue(q)
@@ -516,15 +525,21 @@ func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 // selectRunning reads running tasks (runningSelect) in one round trip.
 func (t *txn) selectRunning(what, where string, args ...any) ([]*runningTask, error) {
 	var out []*runningTask
-	err := t.query(what, runningSelect(where), args, func(rows pgx.Rows) error {
+	t.queueRunning(what, where, args, &out)
+	return out, t.send()
+}
+
+// queueRunning queues the read of running tasks (runningSelect) into
+// *out, for the next round trip.
+func (t *txn) queueRunning(what, where string, args []any, out *[]*runningTask) {
+	t.queueQuery(what, runningSelect(where), args, func(rows pgx.Rows) error {
 		r, err := t.scanRunning(rows)
 		if err != nil {
 			return err
 		}
-		out = append(out, r)
+		*out = append(*out, r)
 		return nil
 	})
-	return out, err
 }
 
 // outcome is how an attempt ended.
@@ -544,6 +559,7 @@ type outcome struct {
 func (t *txn) endAttempt(r *runningTask, o outcome) {
 	sq, q := r.sq, r.q
 	t.release(sq)
+	t.unreserveAfter(r)
 	state, attemptState := store.AttemptEnd(o.ok, r.cancelRequested, o.noRetry, r.attempt, r.maxAttempts)
 	t.exec("recording attempt", `INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, string(attemptState), o.err)

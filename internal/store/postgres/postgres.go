@@ -69,6 +69,9 @@ type Store struct {
 	// pinged, so one that is silently gone is noticed.
 	checkEvery time.Duration
 
+	// tracer, if set (tests), traces the pool's statements.
+	tracer pgx.QueryTracer
+
 	// closed ends Listen loops and leaderships when the store closes.
 	closed    context.Context
 	closeFn   context.CancelFunc
@@ -108,6 +111,12 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		}
 	}
 	s := &Store{connCfg: cfg.ConnConfig.Copy(), log: slog.Default(), checkEvery: time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.tracer != nil {
+		cfg.ConnConfig.Tracer = s.tracer
+	}
 	// The backends of this store's own pool: Listen ignores their
 	// notifications (this server's engine wakes its own waiters).
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
@@ -124,9 +133,6 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", err)
 	}
 	s.pool = pool
-	for _, o := range opts {
-		o(s)
-	}
 	s.closed, s.closeFn = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -257,6 +263,9 @@ type txn struct {
 	deferring bool
 	deferred  []promotion
 	deferredN map[int64]int64
+	// unreserved: reserved tasks this transaction returned to the wait
+	// list (handover), so a task found by two reads is moved once.
+	unreserved map[int64]bool
 }
 
 const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`

@@ -24,10 +24,22 @@ func nullInt(p *int) *int64 {
 // the sub-queue is below it.
 func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, store.Outcome, error) {
 	o, err := s.write(ctx, func(t *txn) error {
-		t.exec("writing queue", `INSERT INTO queues (name, concurrency_limit, max_backlog, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)
-			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog, updated_at = excluded.updated_at`,
-			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), t.now)
+		t.exec("writing queue", `INSERT INTO queues (name, concurrency_limit, max_backlog, handover, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)
+			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
+				handover = excluded.handover, updated_at = excluded.updated_at`,
+			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), p.Handover, t.now)
 		t.exec("writing queue", `UPDATE subqueues SET lim = $1 WHERE queue = $2`, nullInt(p.ConcurrencyLimit), name)
+		if !p.Handover {
+			// Handover off: reserved tasks return to the wait list (a
+			// successor already started at this instant is answered
+			// "lost" and stopped by its worker).
+			var rs []reservedTask
+			t.queueReserved("releasing reserved tasks", `r.queue = $1`, []any{name}, &rs)
+			if err := t.send(); err != nil {
+				return err
+			}
+			t.unreserve(rs)
+		}
 		return nil
 	})
 	if err != nil {
@@ -37,14 +49,14 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 	return q, o, err
 }
 
-const queueCols = `name, concurrency_limit, max_backlog, paused, active, created_at, updated_at,
+const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name)`
 
 func scanQueue(row pgx.Row) (*sluice.Queue, error) {
 	var q sluice.Queue
 	var lim, backlog *int64
 	var created, updated int64
-	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Active, &created, &updated, &q.Running); err != nil {
+	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running); err != nil {
 		return nil, err
 	}
 	if lim != nil {
@@ -250,6 +262,11 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		{"env active", `SELECT 'env', have, n FROM (SELECT e.active AS have,
 			(SELECT count(*) FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM env e) x WHERE have != n`},
 		{"env over limit", `SELECT 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`},
+		// A reserved task follows a task running on its worker in its
+		// sub-queue (handover), and is that task's only successor.
+		{"reserved task", `SELECT 'task ' || r.id, coalesce(r.after_id, 0), coalesce(p.id, 0) FROM tasks r LEFT JOIN tasks p ON p.id = r.after_id
+			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.state != 'running' OR p.worker_id IS DISTINCT FROM r.worker_id OR p.sq != r.sq)`},
+		{"successors", `SELECT 'task ' || after_id, count(*), 1::bigint FROM tasks WHERE state = 'reserved' GROUP BY after_id HAVING count(*) > 1`},
 		// No idle capacity (S-FC2): with room in the environment, no
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0::bigint FROM subqueues s, env e

@@ -290,9 +290,9 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
-	t.worker_id, t.cancel_requested, w.lease_expires_at`
+	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id`
 
-const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state = 'running'`
+const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 
 // taskScan holds the nullable columns of a task while scanning.
 type taskScan struct {
@@ -302,13 +302,14 @@ type taskScan struct {
 	input, output                        []byte
 	timeoutUS, runAt, createdAt          int64
 	deadline, started, finished, leaseAt *int64
+	after                                *int64
 }
 
 func (x *taskScan) dest() []any {
 	t := &x.task
 	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
 		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
-		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt}
+		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after}
 }
 
 func (x *taskScan) result() *sluice.Task {
@@ -323,6 +324,9 @@ func (x *taskScan) result() *sluice.Task {
 	task.PausedFrom = sluice.TaskState(deref(x.pausedFrom))
 	task.IdempotencyKey = deref(x.idem)
 	task.WorkerID = deref(x.workerID)
+	if x.after != nil {
+		task.After = *x.after
+	}
 	task.Input = store.JSONOrNull(x.input)
 	task.Output = store.JSONOrNull(x.output)
 	task.Timeout = sluice.Duration(time.Duration(x.timeoutUS) * time.Microsecond)
@@ -466,7 +470,8 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 
 // cancelWaiting ends a task that is not running (cancelled or, for a
 // missed dispatch deadline, failed) and frees what it held. Its write is
-// queued.
+// queued. A reserved task (handover) holds no slot and is not counted as
+// queued: it only leaves its worker.
 func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sq *sqRow, q *queueRow, reason string) {
 	switch state {
 	case sluice.StateReady:
@@ -480,5 +485,6 @@ func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sq *sqRow, q *queu
 	if reason != "cancelled" {
 		final, msg = sluice.StateFailed, reason
 	}
-	t.exec("ending task", `UPDATE tasks SET state = $1, error = $2, finished_at = $3, paused_from = NULL WHERE id = $4`, string(final), msg, t.now, id)
+	t.exec("ending task", `UPDATE tasks SET state = $1, error = $2, finished_at = $3, paused_from = NULL, worker_id = NULL, after_id = NULL WHERE id = $4`,
+		string(final), msg, t.now, id)
 }

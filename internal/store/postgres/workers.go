@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,8 +24,8 @@ func (s *Store) RegisterWorker(ctx context.Context, w store.Worker) error {
 	}
 	return s.run(ctx, nil, func(t *txn) error {
 		now := fromUS(t.now)
-		t.exec("registering worker", `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at)
-			VALUES ($1, $2, $3, $4, $4, $5, $5, $6)`, w.ID, w.Name, kinds, w.Slots, t.now, us(now.Add(w.Lease)))
+		t.exec("registering worker", `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at, handover)
+			VALUES ($1, $2, $3, $4, $4, $5, $5, $6, $7)`, w.ID, w.Name, kinds, w.Slots, t.now, us(now.Add(w.Lease)), w.Handover)
 		t.exec("registering worker", `INSERT INTO worker_kinds (kind, worker_id) SELECT k, $2 FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING`, kinds, w.ID)
 		return nil
 	})
@@ -182,8 +183,9 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 		if !w.found {
 			return store.WorkerNotFound(workerID)
 		}
-		claimed = w.claim(t, limit, lease, seq)
-		return nil
+		var err error
+		claimed, err = w.claim(t, limit, lease, seq)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -197,15 +199,41 @@ type claimer struct {
 	found       bool
 	slots, held int
 	kinds       []string
+	// handover: the worker registered with Handover. hoQueues: and a
+	// queue with handover on, limited and not paused, existed at BEGIN,
+	// so its claim may reserve successors (see reserving). (Only the
+	// queues are read: few rows, where sub-queues may be many.)
+	handover, hoQueues bool
 }
 
 // prelude queues the read of the worker's row with the BEGIN.
 func (w *claimer) prelude(t *txn) {
-	t.queueQuery("claim", `SELECT w.slots, w.kinds, (SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = w.id)
+	t.queueQuery("claim", `SELECT w.slots, w.kinds, (SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = w.id),
+			w.handover, w.handover AND EXISTS (SELECT 1 FROM queues q WHERE q.handover AND q.concurrency_limit IS NOT NULL AND NOT q.paused)
 		FROM workers w WHERE w.id = $1`, []any{w.id}, func(rows pgx.Rows) error {
 		w.found = true
-		return rows.Scan(&w.slots, &w.kinds, &w.held)
+		return rows.Scan(&w.slots, &w.kinds, &w.held, &w.handover, &w.hoQueues)
 	})
+}
+
+// reserving reports whether the claim may hand out tasks that get
+// reserved successors: the worker has Handover, and a queue with
+// handover on existed at BEGIN or is one this transaction read (its
+// handover may have been turned on since). Otherwise the claim goes with
+// the COMMIT as usual.
+func (w *claimer) reserving(t *txn) bool {
+	if !w.handover {
+		return false
+	}
+	if w.hoQueues {
+		return true
+	}
+	for _, q := range t.queues {
+		if q.handover {
+			return true
+		}
+	}
+	return false
 }
 
 // claim leases up to limit ready tasks to the worker (found), within its
@@ -216,15 +244,17 @@ func (w *claimer) prelude(t *txn) {
 //
 // The statement is only queued: it goes with the COMMIT, in the
 // transaction's last round trip, and claimed returns its tasks once run
-// has committed.
-func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (claimed func() ([]sluice.ClaimedTask, error)) {
+// has committed. When the claim may reserve successors (reserving), it
+// is sent at once, with a read of the claimed tasks' sub-queues, and
+// the successors' reservation goes with the COMMIT instead.
+func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (claimed func() ([]sluice.ClaimedTask, error), err error) {
 	now := fromUS(t.now)
 	leaseUntil := now.Add(lease)
 	n := min(limit, w.slots-w.held)
 	if n <= 0 || len(w.kinds) == 0 {
 		t.writeDeferred()
 		t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), w.id)
-		return func() ([]sluice.ClaimedTask, error) { return nil, nil }
+		return func() ([]sluice.ClaimedTask, error) { return nil, nil }, nil
 	}
 	ps := t.deferred
 	t.deferring, t.deferred = false, nil
@@ -282,7 +312,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 			got = append(got, r)
 			return nil
 		})
-	return func() ([]sluice.ClaimedTask, error) {
+	claimed = func() ([]sluice.ClaimedTask, error) {
 		if err := check(); err != nil {
 			return nil, err
 		}
@@ -297,6 +327,41 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 		}
 		return out, nil
 	}
+	if !w.reserving(t) {
+		return claimed, nil
+	}
+	// Handover: the claimed tasks' sub-queues and queues (the tasks
+	// started in this transaction on this worker: those claimed, and any
+	// handed over to, whose sub-queues the transaction holds anyway),
+	// read after the claim, which changes no counter: the refill's
+	// counter writes went before it.
+	t.queueQuery("claim", `SELECT `+sqCols+`, `+qCols+` FROM subqueues s JOIN queues q ON q.name = s.queue
+		WHERE s.id IN (SELECT sq FROM tasks WHERE state = 'running' AND worker_id = $1 AND started_at = $2)`, []any{w.id, t.now},
+		func(rows pgx.Rows) error {
+			sq, q := &sqRow{}, &queueRow{}
+			if err := rows.Scan(append(sq.dest(), q.dest()...)...); err != nil {
+				return err
+			}
+			t.useSQ(sq)
+			t.useQueue(q)
+			return nil
+		})
+	if err := t.send(); err != nil {
+		return nil, err
+	}
+	out, err := claimed()
+	if err != nil {
+		return nil, err
+	}
+	hs := make([]handed, len(out))
+	for i, c := range out {
+		hs[i] = handed{id: c.ID, queue: c.Queue, ckey: c.ConcurrencyKey}
+	}
+	next, err := t.reserveAfter(w.id, hs, seq, leaseUntil)
+	if err != nil {
+		return nil, err
+	}
+	return func() ([]sluice.ClaimedTask, error) { return append(out, next()...), nil }, nil
 }
 
 // completeSQL ends the successful attempts of a batch in one statement:
@@ -330,9 +395,11 @@ const completeSQL = `WITH r AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4
 // are read in the same round trip and ended one by one in memory, their
 // writes queued for the refill's round trip. A batch that reports one
 // attempt twice, or both succeeded and failed, acknowledges the first
-// success (else the first failure) "ok" and the rest "stale".
+// success (else the first failure) "ok" and the rest "stale". A result
+// naming a successor hands over to it (store.Handover); Complete reserves
+// no successor for it.
 func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff) ([]sluice.ResultAck, store.Outcome, error) {
-	acks, o, _, err := s.CompleteClaim(ctx, workerID, results, backoff, store.ClaimSpec{})
+	acks, o, _, err := s.completeClaim(ctx, workerID, results, backoff, store.ClaimSpec{}, false)
 	return acks, o, err
 }
 
@@ -345,10 +412,20 @@ func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.
 // Round trips: BEGIN with the env lock, the worker's row, the successes'
 // statement and the refill's first read; then, for a limited queue in the
 // usual case, the counters, the claim (which writes the refill's
-// promotions) and the COMMIT: two.
+// promotions) and the COMMIT: two. Handover adds a round trip when a
+// result names a successor or a task ended in a queue with handover on
+// (handOver), and one when the claim may reserve successors (claim).
 func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
 	c store.ClaimSpec) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
+	return s.completeClaim(ctx, workerID, results, backoff, c, true)
+}
+
+// completeClaim is CompleteClaim; reserve says whether tasks handed over
+// to get successors of their own (not for Complete).
+func (s *Store) completeClaim(ctx context.Context, workerID string, results []sluice.TaskResult, backoff store.Backoff,
+	c store.ClaimSpec, reserve bool) ([]sluice.ResultAck, store.Outcome, []sluice.ClaimedTask, error) {
 	claimed := func() ([]sluice.ClaimedTask, error) { return nil, nil }
+	next := func() []sluice.ClaimedTask { return nil } // successors of the tasks handed over to
 	var o store.Outcome
 	w := &claimer{id: workerID}
 	var otherFree int
@@ -369,6 +446,15 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 		if err := done.failures(t, backoff); err != nil {
 			return err
 		}
+		if err := done.handOver(t, w.found && w.handover); err != nil {
+			return err
+		}
+		if reserve && w.found && w.handover && len(done.started) > 0 {
+			var err error
+			if next, err = t.reserveAfter(workerID, done.started, seq, fromUS(t.now).Add(lease)); err != nil {
+				return err
+			}
+		}
 		o.Yielded = c.Spread && otherFree >= limit && limit > 0
 		claim := w.found && limit > 0 && !o.Yielded
 		if claim {
@@ -384,15 +470,18 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 		if !claim {
 			return nil
 		}
-		w.held -= done.ended // the attempts just ended were running here
-		claimed = w.claim(t, limit, lease, seq)
-		return nil
+		// The attempts just ended were running here; the tasks handed
+		// over to run here now.
+		w.held += len(done.started) - done.ended
+		var err error
+		claimed, err = w.claim(t, limit, lease, seq)
+		return err
 	})
 	if err != nil {
 		return nil, o, nil, err
 	}
 	tasks, err := claimed()
-	return done.acks, o, tasks, err
+	return done.acks, o, append(tasks, next()...), err
 }
 
 // otherFreeSQL reads the most free slots another live worker sharing a
@@ -403,13 +492,21 @@ const otherFreeSQL = `SELECT coalesce(max(w.free_slots), 0) FROM workers w
 
 // completion is a worker's results being ended in a transaction (the
 // body of Complete): queueComplete queues the successes' statement,
-// failures ends the failures once it has run.
+// failures ends the failures once it has run, handOver then hands over
+// to the successors the results name and releases the others.
 type completion struct {
 	workerID string
 	results  []sluice.TaskResult
 	acks     []sluice.ResultAck
 	ended    int // attempts ended (successes, then failures)
 	failIDs  []int64
+	// Handover: the attempts ended (acknowledged ok), whether a success's
+	// queue has handover on, the hand-overs the results ask for, and the
+	// tasks handed over to.
+	endedIDs []int64
+	hoQueue  bool
+	handoffs []handoff
+	started  []handed
 }
 
 // attemptKey names one attempt of a task.
@@ -432,6 +529,9 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 	var outputs [][]byte
 	for i, r := range results {
 		c.acks[i] = sluice.ResultAck{TaskID: r.TaskID, Status: "stale"}
+		if r.Next != 0 {
+			c.acks[i].Next = "lost" // until handOver starts it
+		}
 		if r.Error != "" {
 			c.failIDs = append(c.failIDs, r.TaskID)
 			continue
@@ -451,9 +551,16 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 				return err
 			}
 			t.release(t.useSQ(sq))
-			t.finish(t.useQueue(q))
-			c.acks[okIdx[k]].Status = "ok"
+			q = t.useQueue(q)
+			t.finish(q)
+			i := okIdx[k]
+			c.acks[i].Status = "ok"
 			c.ended++
+			c.endedIDs = append(c.endedIDs, k.id)
+			c.hoQueue = c.hoQueue || q.handover
+			if n := results[i].Next; n != 0 {
+				c.handoffs = append(c.handoffs, handoff{p: k.id, s: n, ack: i})
+			}
 			return nil
 		})
 	}
@@ -462,7 +569,8 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 
 // failures ends the failed attempts among the results, after the
 // successes' statement has run (a task both succeeded and failed in one
-// batch is no longer running here).
+// batch is no longer running here). A failure's successor goes back to
+// the wait list, unless the result hands over to it (handOver).
 func (c *completion) failures(t *txn, backoff store.Backoff) error {
 	if len(c.failIDs) == 0 {
 		return nil
@@ -484,10 +592,78 @@ func (c *completion) failures(t *txn, backoff store.Backoff) error {
 			continue // stale
 		}
 		delete(running, r.TaskID) // ended: a second report is stale
+		if r.Next != 0 {
+			if j := slices.Index(rt.next, r.Next); j >= 0 {
+				rt.next = slices.Delete(rt.next, j, j+1)
+				c.handoffs = append(c.handoffs, handoff{p: rt.id, s: r.Next, ack: i})
+			}
+		}
 		t.endAttempt(rt, outcome{err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff})
 		c.acks[i].Status = "ok"
 		c.ended++
+		c.endedIDs = append(c.endedIDs, rt.id)
 	}
+	return nil
+}
+
+// handOver moves the successors the results name, if still reserved for
+// the worker after the tasks whose attempts ended, to running in the
+// slots those released (no refill sees them free), and returns any other
+// task reserved after an ended task to the wait list. One round trip,
+// and only for a worker registered with Handover (no other holds
+// reserved tasks: Claim and CompleteClaim reserve only for such a worker,
+// and a worker's flag never changes) when a result names a successor or
+// a success's queue has handover on (a failure's successors came with
+// its read, runningSelect).
+func (c *completion) handOver(t *txn, handover bool) error {
+	if !handover || len(c.handoffs) == 0 && !c.hoQueue {
+		return nil
+	}
+	slices.SortFunc(c.handoffs, func(a, b handoff) int { return a.ack - b.ack })
+	type moved struct {
+		id, sq      int64
+		queue, ckey string
+	}
+	var got []moved
+	if len(c.handoffs) > 0 {
+		ps, ss := make([]int64, len(c.handoffs)), make([]int64, len(c.handoffs))
+		for i, h := range c.handoffs {
+			ps[i], ss[i] = h.p, h.s
+		}
+		t.queueQuery("handing over", handOverSQL, []any{t.now, t.now + store.TimeoutGrace.Microseconds(), ps, ss, c.workerID},
+			func(rows pgx.Rows) error {
+				var m moved
+				if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {
+					return err
+				}
+				got = append(got, m)
+				return nil
+			})
+	}
+	// What is still reserved after the ended tasks, read after the
+	// hand-over (and after the failures' releases, queued before it).
+	var rest []reservedTask
+	t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{c.endedIDs}, &rest)
+	if err := t.send(); err != nil {
+		return err
+	}
+	byID := make(map[int64]moved, len(got))
+	for _, m := range got {
+		sq, err := t.subqueue(m.sq)
+		if err != nil {
+			return err
+		}
+		t.take1(sq) // the slots its predecessor released
+		byID[m.id] = m
+	}
+	for _, h := range c.handoffs { // in the results' order
+		if m, ok := byID[h.s]; ok {
+			delete(byID, h.s)
+			c.acks[h.ack].Next = "started"
+			c.started = append(c.started, handed{id: m.id, queue: m.queue, ckey: m.ckey})
+		}
+	}
+	t.unreserve(rest)
 	return nil
 }
 
@@ -504,7 +680,10 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 			return nil
 		})
 		owned := map[int64]int64{} // id → claim_seq
-		err := t.query("heartbeat", `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = $1`, []any{workerID},
+		// Reserved tasks (handover) are the worker's too: held, not lost,
+		// and orphans by the same rule.
+		err := t.query("heartbeat", `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = $1
+			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'reserved' AND worker_id = $1`, []any{workerID},
 			func(rows pgx.Rows) error {
 				var id, seq int64
 				var cr bool
@@ -531,19 +710,26 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 
 // Release hands claimed tasks back unstarted: they keep their slots and
 // are ready again (or paused, giving the slot back, if their queue was
-// paused meanwhile), and the attempt is not counted.
+// paused meanwhile), and the attempt is not counted. A reserved task
+// (handover), released or after a released task, returns to the wait
+// list.
 func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (store.Outcome, error) {
 	return s.write(ctx, func(t *txn) error {
-		rts, err := t.selectRunning("release", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, ids, workerID)
-		if err != nil {
+		var rts []*runningTask
+		var reserved []reservedTask
+		t.queueRunning("release", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, []any{ids, workerID}, &rts)
+		t.queueReserved("release", `r.id = ANY($1) AND r.worker_id = $2`, []any{ids, workerID}, &reserved)
+		if err := t.send(); err != nil {
 			return err
 		}
+		t.unreserve(reserved)
 		if len(rts) == 0 {
 			return nil // not ours any more: nothing to release
 		}
 		back, states := make([]int64, len(rts)), make([]string, len(rts))
 		paused := make([]*string, len(rts))
 		for i, rt := range rts {
+			t.unreserveAfter(rt)
 			state := sluice.StateReady
 			if rt.q.paused {
 				t.release(rt.sq)
@@ -579,16 +765,41 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 }
 
 // dropWorkers ends the attempts gone workers still hold; each goes back to
-// the flow at once (no backoff), counted as an attempt. One read for all
-// the workers.
+// the flow at once (no backoff), counted as an attempt. One round trip for
+// all the workers.
+//
+// Their reserved tasks (handover) may have started on their predecessors'
+// slots without the workers reporting it: they are ended the same way, as
+// a counted attempt started now (store.Handover), so a re-run never
+// repeats an attempt number. The same round trip makes them running first
+// (then read with the running tasks); each takes a slot here that ending
+// its attempt gives back.
 func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
 	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
-	held, err := t.selectRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, workerIDs)
-	if err != nil {
+	wasReserved := map[int64]bool{}
+	t.queueQuery("dropping workers", `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = $2, timeout_at = NULL, after_id = NULL
+		WHERE state = 'reserved' AND worker_id = ANY($1) RETURNING id`, []any{workerIDs, t.now}, func(rows pgx.Rows) error {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		wasReserved[id] = true
+		return nil
+	})
+	var held []*runningTask
+	t.queueRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, []any{workerIDs}, &held)
+	if err := t.send(); err != nil {
 		return err
 	}
 	for _, rt := range held {
+		if wasReserved[rt.id] {
+			delete(wasReserved, rt.id)
+			t.take1(rt.sq)
+		}
 		t.endAttempt(rt, outcome{err: reason(rt.workerID), retryAfter: -1})
+	}
+	if len(wasReserved) > 0 {
+		return fmt.Errorf("dropping workers: %d reserved tasks not found running", len(wasReserved))
 	}
 	return nil
 }

@@ -27,8 +27,16 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), p.Handover, t.now, t.now); err != nil {
 			return fmt.Errorf("writing queue: %w", err)
 		}
-		_, err := t.exec(`UPDATE subqueues SET lim = ? WHERE queue = ?`, nullInt(p.ConcurrencyLimit), name)
-		return err
+		if _, err := t.exec(`UPDATE subqueues SET lim = ? WHERE queue = ?`, nullInt(p.ConcurrencyLimit), name); err != nil {
+			return err
+		}
+		if !p.Handover {
+			// Handover off: reserved tasks return to the wait list (a
+			// successor already started at this instant is answered
+			// "lost" and stopped by its worker).
+			return t.releaseReserved(`queue = ?`, name)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, o, err

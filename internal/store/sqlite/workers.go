@@ -399,8 +399,6 @@ func (t *txn) handOverAck(workerID string, r sluice.TaskResult, ack *sluice.Resu
 	return append(handed, c), nil
 }
 
-
-
 // Heartbeat extends a worker's lease; see store.Store.
 func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel, orphans []int64, err error) {
 	err = s.tx(ctx, func(tx *wtx) error {

@@ -334,3 +334,23 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	require.Equal(t, 1, h.get(next[run[0].ID].ID).Attempt, "may have started: counted")
 	h.counters()
 }
+
+// Switching handover off returns the queue's reserved tasks to the wait
+// list; a hand-over to one is then lost.
+func testHandoverOff(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.handoverQueue("q", 1)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	h.handoverWorker("w", 10, "k")
+	run, next := split(h.claim("w", 10))
+	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateQueued, h.state(tasks[1].ID))
+	h.counters()
+	acks, more := h.completeNext("w", withNext(ok(run[0]), tasks[1].ID))
+	require.Equal(t, "lost", acks[0].Next)
+	require.Empty(t, more)
+	require.Equal(t, sluice.StateReady, h.state(tasks[1].ID), "the freed slot went to it by the refill")
+	h.counters()
+}

@@ -168,6 +168,7 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverReleases":        testHandoverReleases,
 		"HandoverPauseCancel":     testHandoverPauseCancel,
 		"HandoverHeartbeat":       testHandoverHeartbeat,
+		"HandoverOff":             testHandoverOff,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })

@@ -1,0 +1,240 @@
+package postgres
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// Handover (store.Handover): a reserved task waits, holding no slot and
+// counted in neither sub-queue counter, for the task it follows (after_id)
+// to end on the same worker. This file holds the three moves of the
+// contract — reserve, hand over, release — as the SQLite store's flow.go
+// does, written for this store's batches:
+//
+//   - Nothing here runs for a transaction that has no handover work: the
+//     completion statement, the claim statements and the refill are
+//     unchanged (a queue row carries one more column), and the
+//     statements below are sent only for a worker registered with
+//     Handover, by a completion when a result names a successor or a
+//     task ended in a queue with handover on (completion.handOver), and
+//     by a claim while some queue has handover on (claimer.reserving),
+//     whose claim statement is then sent before the COMMIT.
+//   - Reads that end attempts (runningSelect) carry each task's reserved
+//     successors, so a timeout, a failure or a release returns them to
+//     the wait list with no read of its own (unreserveAfter). A gone
+//     worker's reserved tasks are ended as started attempts instead
+//     (dropWorkers).
+//   - The reserve statement checks in SQL that it reserved as many tasks
+//     as the counters said (division by zero otherwise, like promoteSQL),
+//     so it can go with the COMMIT.
+
+// reservedTask is a reserved task with its sub-queue and queue (the
+// transaction's copies).
+type reservedTask struct {
+	id, after int64
+	sq        *sqRow
+	q         *queueRow
+}
+
+// reservedSelect reads reserved tasks (alias r, filtered by where) with
+// their sub-queue and queue rows, the tasks picked in a CTE of their own
+// (see runningSelect).
+func reservedSelect(where string) string {
+	return `WITH r AS MATERIALIZED (SELECT r.id, r.after_id, r.sq, r.queue FROM tasks r WHERE r.state = 'reserved' AND ` + where + `)
+	SELECT r.id, coalesce(r.after_id, 0), ` + sqCols + `, ` + qCols + ` FROM r JOIN subqueues s ON s.id = r.sq JOIN queues q ON q.name = r.queue`
+}
+
+// queueReserved queues the read of reserved tasks (reservedSelect) into
+// *out, for the next round trip.
+func (t *txn) queueReserved(what, where string, args []any, out *[]reservedTask) {
+	t.queueQuery(what, reservedSelect(where), args, func(rows pgx.Rows) error {
+		var r reservedTask
+		sq, q := &sqRow{}, &queueRow{}
+		if err := rows.Scan(append(append([]any{&r.id, &r.after}, sq.dest()...), q.dest()...)...); err != nil {
+			return err
+		}
+		r.sq, r.q = t.useSQ(sq), t.useQueue(q)
+		*out = append(*out, r)
+		return nil
+	})
+}
+
+// unreserveAfter returns the tasks reserved after a running task that
+// stops running without handing over to them to the wait list.
+func (t *txn) unreserveAfter(r *runningTask) {
+	if len(r.next) == 0 {
+		return
+	}
+	rs := make([]reservedTask, len(r.next))
+	for i, id := range r.next {
+		// A successor is reserved from its predecessor's sub-queue.
+		rs[i] = reservedTask{id: id, after: r.id, sq: r.sq, q: r.q}
+	}
+	r.next = nil
+	t.unreserve(rs)
+}
+
+// unreserve returns reserved tasks to their sub-queues' wait lists
+// (queued, queued counter + 1, as store.Handover and the SQLite store
+// have it: also in a paused queue, where resuming counts it again), for
+// the refill. The write is queued; it fails (division by zero) unless it
+// moves every task, so it may go with the COMMIT.
+func (t *txn) unreserve(rs []reservedTask) {
+	var ids []int64
+	for _, r := range rs {
+		if t.unreserved[r.id] {
+			continue
+		}
+		if t.unreserved == nil {
+			t.unreserved = map[int64]bool{}
+		}
+		t.unreserved[r.id] = true
+		r.sq.queued++
+		r.sq.dirty = true
+		ids = append(ids, r.id)
+	}
+	if len(ids) == 0 {
+		return
+	}
+	t.exec("releasing reserved tasks", `WITH moved AS (
+			UPDATE tasks SET state = 'queued', worker_id = NULL, after_id = NULL WHERE id = ANY($1) AND state = 'reserved' RETURNING id)
+		UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $2 THEN 1 ELSE 0 END) WHERE id = 1`,
+		ids, len(ids))
+}
+
+// handoff is a result's hand-over from task p to its successor s.
+type handoff struct {
+	p, s int64
+	ack  int // the result's index
+}
+
+// handOverSQL moves the successors ($3: predecessor, $4: successor)
+// still reserved for worker $5 after their predecessors to running, as a
+// claim starts a task ($1: now, $2: now + grace for the timeout).
+const handOverSQL = `UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, started_at = $1,
+		timeout_at = CASE WHEN t.timeout_us > 0 THEN $2 + t.timeout_us END, after_id = NULL
+	FROM unnest($3::bigint[], $4::bigint[]) AS v(p, s)
+	WHERE t.id = v.s AND t.state = 'reserved' AND t.worker_id = $5 AND t.after_id = v.p
+	RETURNING t.id, t.sq, t.queue, t.ckey`
+
+// handed is a task just handed to a worker to run (claimed, or handed
+// over to), whose successor reserveAfter may reserve.
+type handed struct {
+	id          int64
+	queue, ckey string
+}
+
+// reserveSQL reserves for worker $4 (claim $5) the heads of sub-queues'
+// wait lists ($2, each the task after the first $3) after the tasks $1,
+// in the order the refill promotes them (headsSQL). Fewer tasks reserved
+// than asked ($6) mean the counters drifted from the rows: the statement
+// fails, so a COMMIT in the same round trip does not commit.
+const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS p(after, sq, off)),
+	h AS MATERIALIZED (
+		SELECT p.after, x.id FROM p CROSS JOIN LATERAL unnest(ARRAY(
+			SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id OFFSET p.off LIMIT 1)) AS x(id)),
+	moved AS (
+		UPDATE tasks t SET state = 'reserved', worker_id = $4, after_id = h.after, claim_seq = $5
+		FROM h WHERE t.id = h.id
+		RETURNING t.id, t.after_id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at),
+	chk AS (UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $6 THEN 1 ELSE 0 END) WHERE id = 1)
+	SELECT id, after_id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at FROM moved`
+
+// subqueueByKey returns the sub-queue (queue, ckey), read if this
+// transaction does not hold it.
+func (t *txn) subqueueByKey(queue, ckey string) (*sqRow, error) {
+	if sq, ok := t.sqByKey[[2]string{queue, ckey}]; ok {
+		return sq, nil
+	}
+	sq := &sqRow{}
+	found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.queue = $1 AND s.ckey = $2`, []any{queue, ckey}, sq.dest()...)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("reading sub-queue %q/%q: not found", queue, ckey)
+	}
+	return t.useSQ(sq), nil
+}
+
+// reserveAfter reserves for the worker (registered with Handover) a
+// successor of each task in hs, in order, whose queue has handover on
+// and whose sub-queue is, as this transaction holds it, limited, not over
+// its limit (a lowered limit ends the chains), not paused, with tasks
+// waiting: the head of the wait list. (A sub-queue with room has its
+// next tasks promoted by the refill too: the reserved task is only the
+// next in line, and a completion batch whose other results freed slots
+// keeps every chain going.)
+// The statement is queued (it checks its count itself) and the counter
+// writes with it; next returns the successors, with After set, once the
+// statement has run.
+func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil time.Time) (next func() []sluice.ClaimedTask, err error) {
+	none := func() []sluice.ClaimedTask { return nil }
+	var afters, sqs, offs []int64
+	taken := map[int64]int64{} // sub-queue → successors reserved in this statement
+	for _, h := range hs {
+		q, err := t.queue(h.queue, false)
+		if err != nil {
+			return nil, err
+		}
+		if !q.handover {
+			continue
+		}
+		sq, err := t.subqueueByKey(h.queue, h.ckey)
+		if err != nil {
+			return nil, err
+		}
+		if sq.lim == nil || sq.paused || sq.running > *sq.lim || sq.queued == 0 {
+			continue
+		}
+		afters, sqs, offs = append(afters, h.id), append(sqs, sq.id), append(offs, taken[sq.id])
+		taken[sq.id]++
+		sq.queued--
+		sq.dirty = true
+	}
+	if len(afters) == 0 {
+		return none, nil
+	}
+	got := make(map[int64]sluice.ClaimedTask, len(afters)) // predecessor → successor
+	lease := leaseUntil.UTC()
+	t.queueQuery("reserving successors", reserveSQL, []any{afters, sqs, offs, workerID, seq, len(afters)}, func(rows pgx.Rows) error {
+		var c sluice.ClaimedTask
+		var input []byte
+		var timeoutUS, created int64
+		if err := rows.Scan(&c.ID, &c.After, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created); err != nil {
+			return err
+		}
+		c.Attempt++ // the attempt it will run as
+		c.Input = store.JSONOrNull(input)
+		c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+		c.CreatedAt = fromUS(created)
+		c.LeaseExpiresAt = lease
+		got[c.After] = c
+		return nil
+	})
+	t.flush()
+	return func() []sluice.ClaimedTask {
+		out := make([]sluice.ClaimedTask, 0, len(got))
+		for _, h := range hs {
+			if c, ok := got[h.id]; ok {
+				out = append(out, c)
+			}
+		}
+		return out
+	}, nil
+}
+
+// take1 gives a slot of sq (and of the environment) to a task starting on
+// a slot no refill saw free: a successor taking the slots its predecessor
+// released (handOver), or a gone worker's reserved task ended as a
+// started attempt (dropWorkers). Unlike take, nothing becomes ready.
+func (t *txn) take1(sq *sqRow) {
+	sq.running++
+	t.env.running++
+	sq.dirty, t.env.dirty = true, true
+}
