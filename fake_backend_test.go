@@ -55,6 +55,25 @@ type fakeBackend struct {
 	claimHook func(ctx context.Context, p ClaimParams) (*ClaimResult, error)
 	// down makes every worker call fail, as if the server vanished.
 	down bool
+	// handover makes the fake reserve, for each task it hands out to run,
+	// the next ready task as its successor (ClaimedTask.After), as a
+	// server does for a full queue with handover on: returned after it,
+	// started by the result naming it (TaskResult.Next), queued again by
+	// a result that does not or by a release.
+	handover bool
+	reserved map[int64]int64       // reserved successor → its predecessor
+	succOf   map[int64]int64       // predecessor → its reserved successor
+	attempts map[int64]int         // reserved successor → attempt
+	tasks    map[int64]ClaimedTask // reserved successors as handed out
+	// cancelReserved answers "lost" to a result handing over to these
+	// (cancelled while reserved).
+	cancelReserved map[int64]bool
+	// sameCallHandovers counts results sent in the same complete call as
+	// the result that hands over to them.
+	sameCallHandovers int
+	// beforeComplete, when set, runs at each Complete before anything
+	// else (it may block).
+	beforeComplete func(p CompleteParams)
 	// waiters are closed once as many results are accepted.
 	waiters []resultWaiter
 }
@@ -103,6 +122,12 @@ func newFakeBackend() *fakeBackend {
 		leased:   make(map[int64]int),
 		results:  make(map[int64][]TaskResult),
 		reported: make(map[int64]int),
+		reserved: make(map[int64]int64),
+		succOf:   make(map[int64]int64),
+		attempts: make(map[int64]int),
+		tasks:    make(map[int64]ClaimedTask),
+
+		cancelReserved: make(map[int64]bool),
 	}
 }
 
@@ -237,6 +262,9 @@ func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams)
 }
 
 func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) (*CompleteResult, error) {
+	if f.beforeComplete != nil {
+		f.beforeComplete(p)
+	}
 	if f.completeDelay > 0 {
 		// Simulated network and database latency.
 		time.Sleep(f.completeDelay)
@@ -253,6 +281,17 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 	}
 	f.completeSize = append(f.completeSize, len(p.Results))
 	res := &CompleteResult{Results: make([]ResultAck, len(p.Results))}
+	named := map[int64]bool{}
+	for _, r := range p.Results {
+		if named[r.TaskID] {
+			// A set-based server reads the batch at once: the successor
+			// is still reserved there.
+			f.sameCallHandovers++
+		}
+		if r.Next != 0 {
+			named[r.Next] = true
+		}
+	}
 	for i, r := range p.Results {
 		f.reported[r.TaskID]++
 		status := "stale"
@@ -263,13 +302,20 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 			f.results[r.TaskID] = append(f.results[r.TaskID], r)
 		}
 		res.Results[i] = ResultAck{TaskID: r.TaskID, Status: status}
+		if next := f.handOverLocked(r, status == "ok"); next != "" {
+			res.Results[i].Next = next
+			if next == "started" && f.handover && len(f.ready) > 0 {
+				// The successor gets one of its own.
+				res.Tasks = append(res.Tasks, f.reserveLocked(r.Next))
+			}
+		}
 	}
 	if f.piggyback && p.Claim > 0 {
 		// As the server: never more than the worker's free slots by
 		// its count (tasks leased and not yet completed).
 		free := f.registered[len(f.registered)-1].Slots - len(f.leased)
 		n := max(0, min(p.Claim, len(f.ready), free))
-		res.Tasks = f.leaseOutLocked(n)
+		res.Tasks = append(res.Tasks, f.leaseOutLocked(n)...)
 		f.piggybacked += int64(n)
 		if n > 0 && f.loseCompleteAnswers > 0 {
 			f.loseCompleteAnswers--
@@ -308,8 +354,63 @@ func (f *fakeBackend) Release(_ context.Context, _ string, p ReleaseParams) erro
 	for _, id := range p.TaskIDs {
 		delete(f.leased, id)
 		f.released = append(f.released, id)
+		if _, ok := f.reserved[id]; ok {
+			f.requeueLocked(id)
+		} else if s, ok := f.succOf[id]; ok {
+			f.requeueLocked(s)
+		}
 	}
 	return nil
+}
+
+// handOverLocked applies the handover rules to result r of a predecessor
+// (ok: its result was accepted) and returns ResultAck.Next.
+func (f *fakeBackend) handOverLocked(r TaskResult, ok bool) string {
+	s, had := f.succOf[r.TaskID]
+	switch {
+	case had && ok && r.Next == s && !f.cancelReserved[s]:
+		delete(f.succOf, r.TaskID)
+		delete(f.reserved, s)
+		f.leased[s] = f.attempts[s]
+		return "started"
+	case had:
+		if f.cancelReserved[s] {
+			delete(f.succOf, r.TaskID)
+			delete(f.reserved, s)
+		} else {
+			f.requeueLocked(s)
+		}
+	}
+	if r.Next != 0 {
+		return "lost"
+	}
+	return ""
+}
+
+// reserveLocked reserves the first ready task as the successor of pred.
+func (f *fakeBackend) reserveLocked(pred int64) ClaimedTask {
+	t := f.ready[0]
+	f.ready = f.ready[1:]
+	t.After = pred
+	t.StartedAt, t.LeaseExpiresAt = time.Time{}, time.Now().Add(f.lease)
+	f.reserved[t.ID], f.succOf[pred] = pred, t.ID
+	f.attempts[t.ID] = t.Attempt
+	f.tasks[t.ID] = t
+	return t
+}
+
+// requeueLocked puts reserved task id back at the head of the ready list.
+func (f *fakeBackend) requeueLocked(id int64) {
+	pred, ok := f.reserved[id]
+	if !ok {
+		return
+	}
+	delete(f.reserved, id)
+	delete(f.succOf, pred)
+	t := f.tasks[id]
+	t.After = 0
+	f.ready = append([]ClaimedTask{t}, f.ready...)
+	f.wakeLocked()
 }
 
 func (f *fakeBackend) DeregisterWorker(context.Context, string) error {
@@ -364,5 +465,15 @@ func (f *fakeBackend) leaseOutLocked(n int) []ClaimedTask {
 		f.leased[t.ID] = t.Attempt
 	}
 	f.claimed += int64(n)
-	return tasks
+	if !f.handover {
+		return tasks
+	}
+	out := make([]ClaimedTask, 0, 2*n)
+	for _, t := range tasks {
+		out = append(out, t)
+		if len(f.ready) > 0 {
+			out = append(out, f.reserveLocked(t.ID))
+		}
+	}
+	return out
 }

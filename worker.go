@@ -80,6 +80,13 @@ type WorkerConfig struct {
 	// metrics. Workers sharing a registry must each wrap it with
 	// prometheus.WrapRegistererWith and a distinct label.
 	Registerer prometheus.Registerer
+	// NoHandover registers the worker without RegisterWorkerParams.Handover:
+	// it is then never handed a reserved successor, and a task of a queue
+	// with handover on ends its slot at the server like any other. False,
+	// the default, takes part in handover: a successor the server reserves
+	// for a running task starts on that task's slot the moment the task
+	// ends, with no round trip (see QueueParams.Handover).
+	NoHandover bool
 }
 
 // Defaults of WorkerConfig.
@@ -231,8 +238,10 @@ type Worker struct {
 	slotFreed chan struct{} // cap 1: "free may have grown"
 	tasks     sync.WaitGroup
 
-	mu   sync.Mutex
-	held map[int64]*taskRun // claimed and not yet acknowledged, released or lost
+	mu sync.Mutex
+	// held: claimed (reserved successors too) and not yet acknowledged,
+	// released or lost. Heartbeats list it all as held.
+	held map[int64]*taskRun
 
 	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 
@@ -282,6 +291,19 @@ type taskRun struct {
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 	result  TaskResult
+
+	// Handover (QueueParams.Handover). Guarded by Worker.mu:
+	next  *taskRun // the reserved successor waiting for this run's slot
+	ended bool     // the handler has ended: a successor arriving now is late
+
+	// Set by the predecessor's goroutine before it starts this run on its
+	// slot; read by the completer once the result is queued.
+	pred       *taskRun      // the run whose slot this one took
+	predQueued chan struct{} // closed once pred's result is queued (or dropped)
+	// Set before the result is queued; read (and cleared) by the completer.
+	handedTo *taskRun // the successor started on this run's slot (result.Next)
+
+	sentIn uint64 // the last complete call (numbered by the completer) that saw this result
 }
 
 // NewWorker returns a worker that talks to b. Configuration errors are
@@ -331,6 +353,11 @@ func (w *Worker) ID() string {
 		return *p
 	}
 	return ""
+}
+
+// registration is what the worker registers with.
+func (w *Worker) registration() RegisterWorkerParams {
+	return RegisterWorkerParams{Name: w.cfg.Name, Kinds: w.kindList, Slots: w.cfg.Slots, Handover: !w.cfg.NoHandover}
 }
 
 // Run registers the worker with the kinds registered so far, then claims and
@@ -383,7 +410,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Leases start no earlier than the registration request.
 	w.epoch = time.Now()
 	w.kindList = kinds
-	reg, err := w.b.RegisterWorker(ctx, RegisterWorkerParams{Name: w.cfg.Name, Kinds: kinds, Slots: w.cfg.Slots})
+	reg, err := w.b.RegisterWorker(ctx, w.registration())
 	if err != nil {
 		return fmt.Errorf("sluice: registering worker: %w", err)
 	}
@@ -620,7 +647,7 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			continue
 		}
 		backoff = claimBackoffMin
-		w.metrics.claimed(len(res.Tasks))
+		w.metrics.claimed(countRunNow(res.Tasks))
 		w.cancelTasks(res.Cancel, errServerCancel)
 		if len(res.Tasks) > 0 {
 			w.markActive()
@@ -635,19 +662,41 @@ func (w *Worker) claimLoop(ctx context.Context) {
 
 // start takes slots for claimed tasks and runs them, each in its own
 // goroutine. Unless launch is set they are only recorded, for release.
+//
+// Reserved successors (ClaimedTask.After != 0, handover) take no slot and
+// do not count against asked: each is held, unstarted, attached to the run
+// of task After, which starts it on its own slot the moment its handler
+// ends. One whose predecessor is not held here any more, or has ended
+// already (the answer came late), is released: the server queues it again.
 func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
-	if int64(len(tasks)) > asked {
-		w.log.Error("server handed more tasks than claimed; releasing the surplus", "asked", asked, "got", len(tasks))
-		extra := make([]int64, 0, int64(len(tasks))-asked)
-		for _, t := range tasks[asked:] {
-			extra = append(extra, t.ID)
+	var release []int64
+	var nRun int64
+	for i := range tasks {
+		if tasks[i].After == 0 {
+			nRun++
 		}
-		tasks = tasks[:asked]
-		ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
-		w.release(ctx, extra)
-		cancel()
+	}
+	if nRun > asked {
+		w.log.Error("server handed more tasks than claimed; releasing the surplus", "asked", asked, "got", nRun)
+		extra := make([]int64, 0, nRun-asked)
+		kept := make([]ClaimedTask, 0, int64(len(tasks))-(nRun-asked))
+		var n int64
+		for _, t := range tasks {
+			if t.After == 0 {
+				if n++; n > asked {
+					extra = append(extra, t.ID)
+					continue
+				}
+			}
+			kept = append(kept, t)
+		}
+		// A successor of a surplus task finds no predecessor below, and
+		// goes back in the same call, after it.
+		tasks, nRun = kept, asked
+		release = extra
 	}
 	runs := make([]taskRun, len(tasks)) // one allocation per claim
+	late := 0
 	w.mu.Lock()
 	for i := range tasks {
 		ct := &tasks[i]
@@ -655,6 +704,16 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 		tr.tc = TaskContext{ID: ct.ID, Kind: ct.Kind, Queue: ct.Queue, ConcurrencyKey: ct.ConcurrencyKey,
 			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input}
 		tr.timeout = ct.Timeout.D()
+		if ct.After != 0 {
+			pred := w.held[ct.After]
+			if pred == nil || pred.ended || pred.next != nil || ct.After == ct.ID ||
+				(pred.state.Load() != stClaimed && pred.state.Load() != stRunning) {
+				release = append(release, ct.ID)
+				late++
+				continue
+			}
+			pred.next = tr
+		}
 		tr.ctx, tr.cancel = context.WithCancelCause(w.baseCtx)
 		if old := w.held[ct.ID]; old != nil {
 			// The server handed the task out again: our earlier attempt
@@ -665,14 +724,29 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 		w.held[ct.ID] = tr
 	}
 	w.mu.Unlock()
+	if late > 0 {
+		w.log.Debug("releasing reserved successors whose predecessor ended or is not held", "count", late)
+	}
+	if len(release) > 0 {
+		w.releaseNow(release)
+	}
 	if !launch {
 		return
 	}
-	w.free.Add(-int64(len(tasks)))
-	w.tasks.Add(len(tasks))
+	w.free.Add(-nRun)
+	w.tasks.Add(int(nRun))
 	for i := range runs {
-		go w.run(&runs[i])
+		if tasks[i].After == 0 {
+			go w.run(&runs[i])
+		}
 	}
+}
+
+// releaseNow releases tasks, bounded by the cleanup timeout.
+func (w *Worker) releaseNow(ids []int64) {
+	ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
+	defer cancel()
+	w.release(ctx, ids)
 }
 
 // freeSlot returns a slot and wakes the claim loop.
@@ -685,14 +759,28 @@ func (w *Worker) freeSlot() {
 	}
 }
 
-// run executes one attempt and queues its result.
+// run executes one claimed attempt, on a slot taken for it in start.
 func (w *Worker) run(tr *taskRun) {
 	defer w.tasks.Done()
 	if w.stopping.Load() || !tr.state.CompareAndSwap(stClaimed, stRunning) {
 		// Left for the shutdown to release, or already lost.
+		w.endRun(tr)
 		w.freeSlot()
 		return
 	}
+	w.execute(tr)
+}
+
+// runSuccessor executes a reserved successor on the slot its predecessor
+// handed over (its state already running).
+func (w *Worker) runSuccessor(tr *taskRun) {
+	defer w.tasks.Done()
+	w.execute(tr)
+}
+
+// execute runs the handler of tr (state running), then passes its slot to
+// its reserved successor, if any, or frees it, and queues its result.
+func (w *Worker) execute(tr *taskRun) {
 	kr := w.kinds[tr.tc.Kind]
 	if kr == nil {
 		kr = &kindRunner{m: w.metrics.forKind(tr.tc.Kind)}
@@ -707,7 +795,6 @@ func (w *Worker) run(tr *taskRun) {
 	}
 	out, err := w.call(ctx, tr, kr.h)
 	took := time.Since(start)
-	w.freeSlot()
 	w.bp.lat.record(took)
 
 	r := &tr.result
@@ -717,10 +804,14 @@ func (w *Worker) run(tr *taskRun) {
 		switch cause := context.Cause(ctx); {
 		case cause == errShutdown:
 			// Released by the shutdown: it did not complete here.
+			w.endRun(tr)
+			w.freeSlot()
 			return
 		case cause == errLeaseLost:
 			// Dropped by whoever cancelled it.
 			kr.m.finished(outcomeLost, took)
+			w.endRun(tr)
+			w.freeSlot()
 			return
 		case cause == errServerCancel:
 			r.Error, r.NoRetry = "cancelled", true
@@ -751,14 +842,105 @@ func (w *Worker) run(tr *taskRun) {
 		if tr.state.Load() == stLost {
 			kr.m.finished(outcomeLost, took)
 		}
+		w.endRun(tr)
+		w.freeSlot()
 		return
 	}
 	kr.m.finished(outcome, took)
+	next := w.handOver(tr)
+	if next != nil {
+		// The slot passes on: no free slot in between, so the claim
+		// loop never sees it and in-flight stays the same.
+		w.markActive()
+		w.tasks.Add(1)
+		go w.runSuccessor(next)
+	} else {
+		w.freeSlot()
+	}
+	// A result never goes before its predecessor's: the server starts
+	// this task only when it records that one (in a call before this
+	// result's, see completeLoop).
+	if tr.predQueued != nil {
+		<-tr.predQueued
+	}
 	select {
 	case w.results <- tr:
 	case <-w.complDone:
 		// Only when a handler outlived the shutdown deadline.
 	}
+	if next != nil {
+		close(next.predQueued)
+	}
+}
+
+// handOver ends the handler of tr (state done, result not queued yet):
+// it detaches tr's reserved successor and, unless the worker is stopping
+// or the successor was lost or released meanwhile, marks it running on
+// tr's slot, names it in tr's result (TaskResult.Next) and returns it.
+func (w *Worker) handOver(tr *taskRun) *taskRun {
+	w.mu.Lock()
+	next := tr.next
+	tr.next, tr.ended = nil, true
+	w.mu.Unlock()
+	if next == nil {
+		return nil
+	}
+	if w.stopping.Load() {
+		// Unstarted at shutdown: hand it back, as the shutdown does with
+		// every unstarted task (unless it got there first).
+		w.releaseUnstarted(next)
+		return nil
+	}
+	if next.ctx.Err() != nil {
+		// Cancelled by the server while reserved: it has ended there
+		// already, so it neither starts nor goes back.
+		w.mu.Lock()
+		if next.state.CompareAndSwap(stClaimed, stLost) && w.held[next.tc.ID] == next {
+			delete(w.held, next.tc.ID)
+		}
+		w.mu.Unlock()
+		return nil
+	}
+	if !next.state.CompareAndSwap(stClaimed, stRunning) {
+		return nil // lost or released meanwhile
+	}
+	tr.result.Next = next.tc.ID
+	tr.handedTo = next
+	next.pred = tr
+	next.predQueued = make(chan struct{})
+	return next
+}
+
+// endRun notes that tr's handler has ended (or will never run) without a
+// result to send, and settles its reserved successor: lost with tr when
+// tr's lease is lost (the server took the reservation back with it);
+// otherwise left held and unstarted, for the shutdown to release.
+func (w *Worker) endRun(tr *taskRun) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next := tr.next
+	tr.next, tr.ended = nil, true
+	if next != nil && tr.state.Load() == stLost && next.state.CompareAndSwap(stClaimed, stLost) {
+		next.cancel(errLeaseLost)
+		if w.held[next.tc.ID] == next {
+			delete(w.held, next.tc.ID)
+		}
+	}
+}
+
+// releaseUnstarted releases a held task that has not started, unless
+// someone else decided its fate first.
+func (w *Worker) releaseUnstarted(tr *taskRun) {
+	if !tr.state.CompareAndSwap(stClaimed, stReleased) {
+		return
+	}
+	tr.cancel(errShutdown)
+	w.mu.Lock()
+	if w.held[tr.tc.ID] == tr {
+		delete(w.held, tr.tc.ID)
+	}
+	w.mu.Unlock()
+	w.releaseNow([]int64{tr.tc.ID})
 }
 
 // call runs the handler h, turning a panic into an error.
@@ -897,7 +1079,7 @@ func (w *Worker) reregister(ctx context.Context, staleID string) bool {
 		return true // done already
 	}
 	n := w.loseTasks(nil)
-	reg, err := w.b.RegisterWorker(ctx, RegisterWorkerParams{Name: w.cfg.Name, Kinds: w.kindList, Slots: w.cfg.Slots})
+	reg, err := w.b.RegisterWorker(ctx, w.registration())
 	if err != nil {
 		w.log.Error("registering again after the server forgot this worker", "err", err)
 		return false
@@ -953,8 +1135,11 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 // their slots, instead of waiting for its long-poll to be woken.
 func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 	batch := make([]*taskRun, 0, maxCompleteBatch)
+	sent := make([]*taskRun, 0, maxCompleteBatch)
+	later := make([]*taskRun, 0, maxCompleteBatch)
 	params := make([]TaskResult, 0, maxCompleteBatch)
 	flushing := false
+	var call uint64
 	for {
 		if len(batch) == 0 && !flushing {
 			select {
@@ -968,31 +1153,54 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 		if len(batch) == 0 {
 			return // flushing and nothing left
 		}
-		params = params[:0]
+		call++
+		params, sent, later = params[:0], sent[:0], later[:0]
+		numbered := false
 		for _, tr := range batch {
+			pred := tr.pred
+			tr.sentIn = call
+			if pred != nil && pred.sentIn == call {
+				// Its predecessor's result is in this call: the server
+				// starts this task only when it records that one, so
+				// this result waits for the next call.
+				later = append(later, tr)
+				continue
+			}
+			tr.pred = nil // let the predecessor go
+			sent = append(sent, tr)
 			if tr.state.Load() == stDone {
 				params = append(params, tr.result)
+				numbered = numbered || tr.result.Next != 0
 			}
 		}
-		var claimed []ClaimedTask
+		var res *CompleteResult
 		var asked, seq int64
 		if len(params) > 0 {
-			if asked = w.piggyback(runCtx); asked > 0 {
+			asked = w.piggyback(runCtx)
+			// A result that hands over may come back with a reserved
+			// successor even without a claim: number the call so that
+			// a lost answer's reservations are released (ClaimsSettled).
+			if asked > 0 || numbered {
 				seq = w.seqs.begin()
 			}
 			var ok bool
-			claimed, ok = w.send(ctx, params, asked, seq)
+			res, seq, ok = w.send(ctx, params, asked, seq)
 			if !ok {
 				w.unreserve(asked)
 				w.seqs.end(seq)
 				return
 			}
+			w.settleHandovers(sent, res.Results)
 		}
-		w.forget(batch)
+		w.forget(sent)
 		clear(batch)
-		batch = batch[:0]
-		if len(claimed) > 0 {
-			w.metrics.claimed(len(claimed))
+		batch = append(batch[:0], later...)
+		clear(sent)
+		if res != nil && len(res.Tasks) > 0 {
+			claimed := res.Tasks
+			if n := countRunNow(claimed); n > 0 {
+				w.metrics.claimed(n)
+			}
 			w.markActive()
 			if runCtx.Err() == nil && !w.stopping.Load() {
 				w.start(claimed, asked, true)
@@ -1003,6 +1211,52 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 		}
 		w.unreserve(asked)
 		w.seqs.end(seq) // its tasks are held (or released) now
+	}
+}
+
+// countRunNow counts the tasks to start now: not reserved successors.
+func countRunNow(tasks []ClaimedTask) int {
+	n := 0
+	for i := range tasks {
+		if tasks[i].After == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// settleHandovers acts on the acks of a complete call: a successor whose
+// start the server did not confirm (ResultAck.Next "lost": cancelled
+// meanwhile, or the result was stale) is stopped as on a lost lease, its
+// result dropped.
+func (w *Worker) settleHandovers(sent []*taskRun, acks []ResultAck) {
+	var lost map[int64]bool
+	for _, a := range acks {
+		if a.Next == "lost" {
+			if lost == nil {
+				lost = make(map[int64]bool)
+			}
+			lost[a.TaskID] = true
+		}
+	}
+	for _, tr := range sent {
+		next := tr.handedTo
+		if next == nil {
+			continue
+		}
+		tr.handedTo = nil
+		if !lost[tr.tc.ID] {
+			continue
+		}
+		w.log.Warn("the server did not start the successor handed this task's slot; stopped it and dropped its result",
+			"task_id", tr.tc.ID, "next", next.tc.ID)
+		w.mu.Lock()
+		next.state.Store(stLost)
+		next.cancel(errLeaseLost)
+		if w.held[next.tc.ID] == next {
+			delete(w.held, next.tc.ID)
+		}
+		w.mu.Unlock()
 	}
 }
 
@@ -1070,10 +1324,15 @@ func (w *Worker) topUp(batch []*taskRun) []*taskRun {
 }
 
 // send calls Complete until it succeeds, backing off between tries, and
-// returns the tasks the call claimed (claim > 0, numbered seq). It gives up
-// only when ctx ends (the shutdown's cleanup deadline).
-func (w *Worker) send(ctx context.Context, params []TaskResult, claim, seq int64) ([]ClaimedTask, bool) {
+// returns its answer and the number of the call that succeeded (claim > 0
+// or a handover in params: numbered seq, else 0). It gives up only when ctx ends
+// (the shutdown's cleanup deadline).
+func (w *Worker) send(ctx context.Context, params []TaskResult, claim, seq int64) (*CompleteResult, int64, bool) {
 	backoff := claimBackoffMin
+	numbered := false
+	for i := range params {
+		numbered = numbered || params[i].Next != 0
+	}
 	for {
 		res, err := w.b.Complete(ctx, w.ID(), CompleteParams{Results: params, Claim: int(claim), ClaimSeq: seq})
 		if err == nil {
@@ -1082,17 +1341,22 @@ func (w *Worker) send(ctx context.Context, params []TaskResult, claim, seq int64
 					w.log.Debug("result dropped by server", "task_id", a.TaskID, "status", a.Status)
 				}
 			}
-			return res.Tasks, true
+			return res, seq, true
 		}
 		if ctx.Err() != nil {
 			w.log.Error("dropping unsent results at shutdown", "count", len(params), "err", err)
-			return nil, false
+			return nil, seq, false
 		}
 		// The failed call may have claimed tasks whose answer was lost
 		// (settled now: the next heartbeat has the server release them);
-		// the retry claims nothing, so it cannot lose more.
+		// the retry claims nothing, so it cannot lose more. It may still
+		// reserve successors for the results that hand over, so it is
+		// numbered again if the first call was.
 		w.seqs.end(seq)
 		claim, seq = 0, 0
+		if numbered {
+			seq = w.seqs.begin()
+		}
 		d := backoff/2 + rand.N(backoff/2+1)
 		w.log.Error("sending results", "count", len(params), "err", err, "retry_in", d)
 		t := time.NewTimer(d)

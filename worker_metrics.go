@@ -69,7 +69,7 @@ func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, err
 	})
 	m.claimSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "worker_claim_size",
-		Help:    "Tasks received per claim call.",
+		Help:    "Tasks received to run per claim call (reserved successors, which take no slot, not counted).",
 		Buckets: claimSizeBuckets,
 	})
 	bp := w.bp

@@ -167,7 +167,7 @@ func TestWorkerSlotsLedger(t *testing.T) {
 			require.LessOrEqual(t, n, batch)
 		}
 		require.True(t, f.deregistered)
-		require.Equal(t, []RegisterWorkerParams{{Name: w.cfg.Name, Kinds: []string{"test"}, Slots: slots}}, f.registered)
+		require.Equal(t, []RegisterWorkerParams{{Name: w.cfg.Name, Kinds: []string{"test"}, Slots: slots, Handover: true}}, f.registered)
 	})
 	mu.Lock()
 	defer mu.Unlock()

@@ -117,6 +117,21 @@ func TestCLIAgainstServer(t *testing.T) {
 	if q.ConcurrencyLimit != nil || q.MaxBacklog == nil || *q.MaxBacklog != 10 {
 		t.Fatalf("queues set --concurrency-limit none: %+v", q)
 	}
+	q = cliJSON[sluice.Queue](t, env, "queues", "set", "emails", "--handover", "on")
+	if !q.Handover || q.ConcurrencyLimit != nil || q.MaxBacklog == nil || *q.MaxBacklog != 10 {
+		t.Fatalf("queues set --handover on: %+v", q)
+	}
+	q = cliJSON[sluice.Queue](t, env, "queues", "set", "emails", "--max-backlog", "10")
+	if !q.Handover {
+		t.Fatalf("queues set --max-backlog 10 lost handover: %+v", q)
+	}
+	if stdout, stderr, code := cli(t, env, "queues", "get", "emails"); code != 0 || !regexp.MustCompile(`HANDOVER\s+on`).MatchString(stdout) {
+		t.Fatalf("queues get (table) with handover: exit %d\n%s%s", code, stdout, stderr)
+	}
+	q = cliJSON[sluice.Queue](t, env, "queues", "set", "emails", "--handover", "off")
+	if q.Handover || q.MaxBacklog == nil || *q.MaxBacklog != 10 {
+		t.Fatalf("queues set --handover off: %+v", q)
+	}
 	if stdout, stderr, code := cli(t, env, "queues", "get", "emails"); code != 0 || !strings.Contains(stdout, "emails") || !strings.Contains(stdout, "MAX BACKLOG") {
 		t.Fatalf("queues get (table): exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -189,7 +204,7 @@ func TestCLIAgainstServer(t *testing.T) {
 	if !names["emails"] || !names["echo"] {
 		t.Fatalf("queues list: %+v", qs)
 	}
-	if stdout, _, code := cli(t, env, "queues", "list"); code != 0 || !strings.Contains(stdout, "RUNNING") {
+	if stdout, _, code := cli(t, env, "queues", "list"); code != 0 || !strings.Contains(stdout, "RUNNING") || !strings.Contains(stdout, "HANDOVER") || !strings.Contains(stdout, "RESERVED") {
 		t.Fatalf("queues list (table): exit %d\n%s", code, stdout)
 	}
 	if ws := cliJSON[[]sluice.WorkerInfo](t, env, "workers"); len(ws) != 0 {

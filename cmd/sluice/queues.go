@@ -28,10 +28,10 @@ func (a *app) newQueuesCmd() *cobra.Command {
 			}
 			return a.printJSON(qs)
 		}
-		tw := a.newTable("NAME", "RUNNING", "LIMIT", "QUEUED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "SUCCEEDED", "FAILED", "CANCELLED")
+		tw := a.newTable("NAME", "RUNNING", "LIMIT", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
 		for _, q := range qs {
-			row(tw, q.Name, q.Running, q.ConcurrencyLimit, q.Counts[sluice.StateQueued], q.Counts[sluice.StateScheduled],
-				q.Active, q.MaxBacklog, q.Paused, q.Counts[sluice.StateSucceeded], q.Counts[sluice.StateFailed], q.Counts[sluice.StateCancelled])
+			row(tw, q.Name, q.Running, q.ConcurrencyLimit, q.Counts[sluice.StateQueued], q.Counts[sluice.StateReserved], q.Counts[sluice.StateScheduled],
+				q.Active, q.MaxBacklog, q.Paused, onOff(q.Handover), q.Counts[sluice.StateSucceeded], q.Counts[sluice.StateFailed], q.Counts[sluice.StateCancelled])
 		}
 		return tw.Flush()
 	}
@@ -43,7 +43,9 @@ lists queues (like "sluice queues list").
 
 RUNNING counts the tasks holding a slot of the queue (ready or running);
 LIMIT applies to each sub-queue: the tasks without a concurrency key share
-one, and each key value has its own.`,
+one, and each key value has its own. RESERVED counts the tasks waiting, with
+a worker, to start on the slot of a running task the moment it ends
+(HANDOVER on).`,
 		Args: noArgs,
 		RunE: listRun,
 	}
@@ -75,36 +77,44 @@ one, and each key value has its own.`,
 	}
 
 	var limit, backlog optInt
+	var handover optBool
 	set := &cobra.Command{
 		Use:   "set NAME",
-		Short: "Set a queue's concurrency limit and backlog ceiling (creates the queue)",
-		Long: `Set a queue's concurrency limit and backlog ceiling, creating the queue if
-it does not exist. A setting not given keeps its current value; "none"
-removes it (unbounded).
+		Short: "Set a queue's concurrency limit, backlog ceiling and handover (creates the queue)",
+		Long: `Set a queue's concurrency limit, backlog ceiling and handover, creating the
+queue if it does not exist. A setting not given keeps its current value;
+"none" removes a limit (unbounded).
 
 --concurrency-limit caps the running tasks of each sub-queue (each
 concurrency key value has its own); --max-backlog caps the unfinished tasks
-of the queue: a trigger over it is rejected with HTTP 429.`,
+of the queue: a trigger over it is rejected with HTTP 429.
+
+--handover on: while a limited sub-queue is full with tasks waiting, each
+task a worker claims comes with its successor (the next waiting task)
+reserved for that worker, which starts it on the same slot the moment the
+task ends, with no round trip to the server. Workers take part unless
+started with --no-handover. Off by default.`,
 		Example: `  sluice queues set email --concurrency-limit 5
   sluice queues set email --max-backlog 1000
-  sluice queues set email --concurrency-limit none`,
+  sluice queues set email --concurrency-limit none
+  sluice queues set email --concurrency-limit 4 --handover on`,
 		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !limit.set && !backlog.set {
-				return usagef("queues set: give --concurrency-limit and/or --max-backlog")
+			if !limit.set && !backlog.set && !handover.set {
+				return usagef("queues set: give --concurrency-limit, --max-backlog and/or --handover")
 			}
 			b, err := c.backend()
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			// PUT replaces both settings, so start from the current ones
-			// to leave the one not given unchanged.
+			// PUT replaces every setting, so start from the current ones
+			// to leave those not given unchanged.
 			var p sluice.QueueParams
 			cur, err := b.GetQueue(ctx, args[0])
 			switch {
 			case err == nil:
-				p = sluice.QueueParams{ConcurrencyLimit: cur.ConcurrencyLimit, MaxBacklog: cur.MaxBacklog}
+				p = sluice.QueueParams{ConcurrencyLimit: cur.ConcurrencyLimit, MaxBacklog: cur.MaxBacklog, Handover: cur.Handover}
 			case !errors.Is(err, sluice.ErrNotFound):
 				return err
 			}
@@ -113,6 +123,9 @@ of the queue: a trigger over it is rejected with HTTP 429.`,
 			}
 			if backlog.set {
 				p.MaxBacklog = backlog.v
+			}
+			if handover.set {
+				p.Handover = handover.v
 			}
 			q, err := b.PutQueue(ctx, args[0], p)
 			if err != nil {
@@ -123,6 +136,7 @@ of the queue: a trigger over it is rejected with HTTP 429.`,
 	}
 	set.Flags().Var(&limit, "concurrency-limit", "most running tasks per sub-queue (N ≥ 1), or none")
 	set.Flags().Var(&backlog, "max-backlog", "most unfinished tasks in the queue (N ≥ 1), or none")
+	set.Flags().Var(&handover, "handover", "start each task's successor on its slot with no round trip while the sub-queue is full: on or off")
 
 	pause := &cobra.Command{
 		Use:   "pause NAME",
@@ -174,6 +188,7 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	row(tw, "CONCURRENCY LIMIT", q.ConcurrencyLimit)
 	row(tw, "MAX BACKLOG", q.MaxBacklog)
 	row(tw, "PAUSED", q.Paused)
+	row(tw, "HANDOVER", onOff(q.Handover))
 	row(tw, "RUNNING (holding a slot)", q.Running)
 	row(tw, "ACTIVE (unfinished)", q.Active)
 	var counts []string
@@ -217,3 +232,40 @@ func (o *optInt) Set(s string) error {
 }
 
 func (o *optInt) Type() string { return "N|none" }
+
+// onOff shows a setting that is on or off.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// optBool is a flag value that is on or off, and knows whether it was
+// given.
+type optBool struct {
+	set bool
+	v   bool
+}
+
+func (o *optBool) String() string {
+	if !o.set {
+		return "" // not given: help shows no default
+	}
+	return onOff(o.v)
+}
+
+func (o *optBool) Set(s string) error {
+	switch s {
+	case "on":
+		o.v = true
+	case "off":
+		o.v = false
+	default:
+		return fmt.Errorf("want on or off, got %q", s)
+	}
+	o.set = true
+	return nil
+}
+
+func (o *optBool) Type() string { return "on|off" }

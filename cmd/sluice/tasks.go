@@ -51,7 +51,7 @@ func (a *app) newTasksCmd() *cobra.Command {
 			},
 		}
 		fs := cmd.Flags()
-		fs.StringVar(&state, "state", "", "only tasks in this state (scheduled, queued, ready, running, succeeded, failed, cancelled, paused)")
+		fs.StringVar(&state, "state", "", "only tasks in this state (scheduled, queued, reserved, ready, running, succeeded, failed, cancelled, paused)")
 		fs.StringVar(&f.Queue, "queue", "", "only tasks of this queue")
 		fs.StringVar(&f.Kind, "kind", "", "only tasks of this kind")
 		fs.IntVar(&f.Limit, "limit", 0, "most tasks to list, 1 to 1000 (default: the server's, 100)")
@@ -156,6 +156,9 @@ func (a *app) printTask(c *clientFlags, t *sluice.Task) error {
 	field("STATE", string(t.State))
 	if t.PausedFrom != "" {
 		field("PAUSED FROM", string(t.PausedFrom))
+	}
+	if t.After != 0 {
+		field("AFTER (reserved: starts on its slot)", t.After)
 	}
 	if !t.State.Terminal() {
 		field("EXPLAIN", t.Explain)

@@ -38,6 +38,7 @@ type workerFlags struct {
 	shutdownTimeout time.Duration
 	memoryHigh      float64
 	latencyHigh     time.Duration
+	noHandover      bool
 	logLevel        string
 
 	// Only `sluice worker`, not the in-process worker of `sluice dev`.
@@ -150,6 +151,11 @@ Backpressure: each sample (at most every 500ms) with memory use above
 or with the p99 of the last 1000 task durations above --latency-high halves
 the claim size, down to 1; each sample below doubles it back.
 
+On a queue with handover on (sluice queues set NAME --handover on), a task
+claimed while its sub-queue is full may come with its successor reserved
+for this worker, which starts it on the same slot the moment the task ends,
+with no round trip; --no-handover opts out.
+
 With --max-idle, the worker stops by itself (gracefully, exit status 0) once
 it has had no task claimed or running for that long. With --metrics-addr it
 serves Prometheus metrics at /metrics.`,
@@ -199,6 +205,7 @@ func addWorkerCapacityFlags(fs *pflag.FlagSet, f *workerFlags) {
 	fs.IntVar(&f.claimBatch, "claim-batch", sluice.DefaultClaimBatch, "most tasks asked for in one claim (≥ 1)")
 	fs.DurationVar(&f.pollWait, "poll-wait", sluice.DefaultPollWait, "how long one claim long-polls when nothing is claimable (> 0, at most 60s)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", sluice.DefaultShutdownTimeout, "on shutdown, how long running tasks may finish before they are cancelled and released")
+	fs.BoolVar(&f.noHandover, "no-handover", false, "do not take reserved successors of queues with handover on (see sluice queues set --handover)")
 	fs.Float64Var(&f.memoryHigh, "memory-high", sluice.DefaultMemoryHigh, "memory use (fraction of the cgroup or machine limit) above which the claim size is halved at each sample (0 = off, at most 1)")
 	fs.DurationVar(&f.latencyHigh, "latency-high", 0, "p99 task duration above which the claim size is halved at each sample (0 = off)")
 }
@@ -265,6 +272,7 @@ func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
 		HeartbeatInterval: f.heartbeatInterval,
 		LeaseLossAfter:    f.leaseLossAfter,
 		MaxIdle:           f.maxIdle,
+		NoHandover:        f.noHandover,
 	}
 }
 

@@ -54,6 +54,22 @@ func TestWorkerBackpressureAndLifecycleFlags(t *testing.T) {
 		}
 	})
 
+	t.Run("no-handover", func(t *testing.T) {
+		t.Parallel()
+		f, _, code, stderr := runWorkerCmd(t, nil)
+		if code != 0 || f.config(nil).NoHandover {
+			t.Fatalf("exit %d: %s; handover must be on by default", code, stderr)
+		}
+		f, _, code, stderr = runWorkerCmd(t, map[string]string{"SLUICE_NO_HANDOVER": "true"})
+		if code != 0 || !f.config(nil).NoHandover {
+			t.Fatalf("exit %d: %s; SLUICE_NO_HANDOVER=true must turn handover off", code, stderr)
+		}
+		f, _, code, stderr = runWorkerCmd(t, nil, "--no-handover")
+		if code != 0 || !f.config(nil).NoHandover {
+			t.Fatalf("exit %d: %s; --no-handover must turn handover off", code, stderr)
+		}
+	})
+
 	t.Run("memory-high 0 turns it off", func(t *testing.T) {
 		t.Parallel()
 		f, _, code, stderr := runWorkerCmd(t, nil, "--memory-high", "0")

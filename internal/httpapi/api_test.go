@@ -89,6 +89,12 @@ func TestHappyPaths(t *testing.T) {
 			require.Equal(t, 3, *q.ConcurrencyLimit)
 		}},
 		{"PUT", "/v1/queues/email", `{}`, 200, "PutQueue", nil},
+		{"PUT", "/v1/queues/email", `{"concurrency_limit": 2, "handover": true}`, 200, "PutQueue", func(t *testing.T, b []byte, f *fakeBackend) {
+			require.True(t, f.Calls()[0].Arg.(sluice.QueueParams).Handover)
+			var q map[string]any
+			require.NoError(t, json.Unmarshal(b, &q))
+			require.Equal(t, true, q["handover"])
+		}},
 		{"GET", "/v1/queues", "", 200, "ListQueues", func(t *testing.T, b []byte, _ *fakeBackend) {
 			var v struct{ Queues []sluice.Queue }
 			require.NoError(t, json.Unmarshal(b, &v))
@@ -145,6 +151,9 @@ func TestHappyPaths(t *testing.T) {
 		{"POST", "/v1/workers", `{"name":"host-1","kinds":["email","resize"],"slots":100}`, 201, "RegisterWorker", func(t *testing.T, b []byte, _ *fakeBackend) {
 			require.JSONEq(t, `{"id":"w1","lease":"30s","heartbeat_interval":"5s"}`, string(b))
 		}},
+		{"POST", "/v1/workers", `{"kinds":["email"],"slots":1,"handover":true}`, 201, "RegisterWorker", func(t *testing.T, b []byte, f *fakeBackend) {
+			require.Equal(t, sluice.RegisterWorkerParams{Kinds: []string{"email"}, Slots: 1, Handover: true}, f.Calls()[0].Arg)
+		}},
 		{"POST", "/v1/workers/w1/claim", `{"max":10,"wait":"30s"}`, 200, "Claim", func(t *testing.T, b []byte, f *fakeBackend) {
 			require.Equal(t, sluice.ClaimParams{Max: 10, Wait: sluice.Duration(30 * time.Second)}, f.Calls()[0].Arg)
 			var res sluice.ClaimResult
@@ -161,6 +170,18 @@ func TestHappyPaths(t *testing.T) {
 			require.Equal(t, 5*time.Second, p.Results[1].RetryAfter.D())
 			require.True(t, p.Results[1].NoRetry)
 			require.JSONEq(t, `{"results":[{"task_id":1,"status":"ok"},{"task_id":2,"status":"ok"}]}`, string(b))
+		}},
+		{"POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1,"next":7}],"claim_seq":4}`, 200, "Complete", func(t *testing.T, b []byte, f *fakeBackend) {
+			p := f.Calls()[0].Arg.(sluice.CompleteParams)
+			require.Equal(t, int64(7), p.Results[0].Next)
+			require.Equal(t, int64(4), p.ClaimSeq)
+			var res struct {
+				Results []map[string]any
+				Tasks   []map[string]any
+			}
+			require.NoError(t, json.Unmarshal(b, &res))
+			require.Equal(t, "started", res.Results[0]["next"])
+			require.Equal(t, float64(7), res.Tasks[0]["after"])
 		}},
 		{"POST", "/v1/workers/w1/heartbeat", `{"free_slots":3,"held":[1,2]}`, 200, "Heartbeat", func(t *testing.T, b []byte, _ *fakeBackend) {
 			require.JSONEq(t, `{"lease_expires_at":"2026-01-02T15:04:35Z","lost":[],"cancel":[]}`, string(b))
@@ -309,6 +330,10 @@ func TestBadInput(t *testing.T) {
 		{"complete retry_after number", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1,"retry_after":5}]}`, 400, "results[0].retry_after", "results[0].retry_after: want a duration string"},
 		{"complete retry_after negative", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1,"retry_after":"-1s"}]}`, 400, "results[0].retry_after", "must not be negative"},
 		{"complete no_retry type", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1,"no_retry":"yes"}]}`, 400, "results[0].no_retry", "want boolean"},
+		{"complete next negative", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1},{"task_id":2,"attempt":1,"next":-1}]}`, 400, "results[1].next", "results[1].next: must be 0 (none) or a task id"},
+		{"complete next itself", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1},{"task_id":2,"attempt":1},{"task_id":3,"attempt":1,"next":3}]}`, 400, "results[2].next", "results[2].next: must not be the result's own task_id"},
+		{"complete next string", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1,"next":"2"}]}`, 400, "results[0].next", `results[0].next: want integer, got string "2"`},
+		{"queue handover type", "PUT", "/v1/queues/q", `{"handover":"on"}`, 400, "handover", `handover: want boolean`},
 		{"complete unknown nested", "POST", "/v1/workers/w1/complete", `{"results":[{"task_id":1,"attempt":1,"out":1}]}`, 400, "results[0].out", "results[0].out: unknown field"},
 
 		// POST /v1/workers/{id}/heartbeat

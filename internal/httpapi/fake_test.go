@@ -111,7 +111,7 @@ func (f *fakeBackend) PutQueue(ctx context.Context, name string, p sluice.QueueP
 		return nil, err
 	}
 	q := fakeQueue(name)
-	q.ConcurrencyLimit, q.MaxBacklog = p.ConcurrencyLimit, p.MaxBacklog
+	q.ConcurrencyLimit, q.MaxBacklog, q.Handover = p.ConcurrencyLimit, p.MaxBacklog, p.Handover
 	return q, nil
 }
 
@@ -176,7 +176,12 @@ func (f *fakeBackend) Complete(ctx context.Context, id string, p sluice.Complete
 	}
 	res := &sluice.CompleteResult{}
 	for _, r := range p.Results {
-		res.Results = append(res.Results, sluice.ResultAck{TaskID: r.TaskID, Status: "ok"})
+		a := sluice.ResultAck{TaskID: r.TaskID, Status: "ok"}
+		if r.Next != 0 {
+			a.Next = "started"
+			res.Tasks = append(res.Tasks, sluice.ClaimedTask{ID: r.Next + 1, Kind: "email", Attempt: 1, After: r.Next})
+		}
+		res.Results = append(res.Results, a)
 	}
 	return res, nil
 }

@@ -96,7 +96,8 @@ func FuzzDecodeTrigger(f *testing.F) {
 func FuzzDecodeQueueParams(f *testing.F) {
 	addSeeds(f, commonSeeds...)
 	addSeeds(f, `{"concurrency_limit":3}`, `{"concurrency_limit":null,"max_backlog":null}`, `{"concurrency_limit":0}`,
-		`{"max_backlog":-1}`, `{"concurrency_limit":"3"}`, `{"concurrency_limit":3.0}`, `{"concurrency_limit":2147483648}`, `{"limit":1}`)
+		`{"max_backlog":-1}`, `{"concurrency_limit":"3"}`, `{"concurrency_limit":3.0}`, `{"concurrency_limit":2147483648}`, `{"limit":1}`,
+		`{"concurrency_limit":1,"handover":true}`, `{"handover":"on"}`, `{"handover":null}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "PUT", "/v1/queues/email", body, func(arg any) error {
 			p := arg.(sluice.QueueParams)
@@ -125,7 +126,9 @@ func FuzzDecodeComplete(f *testing.F) {
 	addSeeds(f, `{"results":[]}`,
 		`{"results":[{"task_id":1,"attempt":1,"output":{"ok":true}},{"task_id":2,"attempt":3,"error":"boom","no_retry":true,"retry_after":"5s"}]}`,
 		`{"results":[{"task_id":"1","attempt":1}]}`, `{"results":[{"task_id":1,"attempt":1,"retry_after":5}]}`,
-		`{"results":[null]}`, `{"results":[{"task_id":1,"attempt":1,"Output":1}]}`, `{"results":{}}`)
+		`{"results":[null]}`, `{"results":[{"task_id":1,"attempt":1,"Output":1}]}`, `{"results":{}}`,
+		`{"results":[{"task_id":1,"attempt":1,"next":2}],"claim_seq":3}`, `{"results":[{"task_id":1,"attempt":1,"next":1}]}`,
+		`{"results":[{"task_id":1,"attempt":1,"next":-5}]}`, `{"results":[{"task_id":1,"attempt":1,"next":9223372036854775808}]}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/workers/w1/complete", body, func(arg any) error {
 			p := arg.(sluice.CompleteParams)
@@ -149,7 +152,7 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 func FuzzDecodeRegister(f *testing.F) {
 	addSeeds(f, commonSeeds...)
 	addSeeds(f, `{"name":"host-1","kinds":["email","resize"],"slots":100}`, `{"kinds":["a"],"slots":0}`,
-		`{"kinds":[],"slots":1}`, `{"kinds":"a","slots":1}`, `{"kinds":["a b"],"slots":1}`, "{\"name\":\"\\u0007\",\"kinds\":[\"a\"],\"slots\":1}")
+		`{"kinds":[],"slots":1}`, `{"kinds":"a","slots":1}`, `{"kinds":["a"],"slots":1,"handover":true}`, `{"kinds":["a b"],"slots":1}`, "{\"name\":\"\\u0007\",\"kinds\":[\"a\"],\"slots\":1}")
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/workers", body, func(arg any) error {
 			p := arg.(sluice.RegisterWorkerParams)

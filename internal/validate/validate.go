@@ -259,6 +259,12 @@ func Complete(p *sluice.CompleteParams) error {
 		if r.RetryAfter < 0 {
 			return sluice.Invalid(fmt.Sprintf("results[%d].retry_after", i), "must not be negative")
 		}
+		switch {
+		case r.Next < 0:
+			return sluice.Invalid(fmt.Sprintf("results[%d].next", i), "must be 0 (none) or a task id, got %d", r.Next)
+		case r.Next == r.TaskID:
+			return sluice.Invalid(fmt.Sprintf("results[%d].next", i), "must not be the result's own task_id (%d)", r.TaskID)
+		}
 	}
 	return nil
 }

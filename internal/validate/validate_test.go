@@ -143,6 +143,9 @@ func TestWorkerProtocol(t *testing.T) {
 	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1})), "results[1].attempt", "≥ 1")
 	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1, Attempt: 1, Output: json.RawMessage(`{`)})), "results[1].output", "JSON")
 	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1, Attempt: 1, RetryAfter: -1})), "results[1].retry_after", "negative")
+	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1, Attempt: 1, Next: 2})), "", "")
+	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1, Attempt: 1, Next: -1})), "results[1].next", "0 (none) or a task id")
+	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 3, Attempt: 1, Next: 3})), "results[1].next", "own task_id")
 	check(t, validate.Complete(&sluice.CompleteParams{Results: make([]sluice.TaskResult, validate.MaxBatch+1)}), "results", "more than")
 
 	check(t, validate.Heartbeat(&sluice.HeartbeatParams{}), "", "")

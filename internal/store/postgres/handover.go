@@ -110,15 +110,18 @@ func (t *txn) unreserve(rs []reservedTask) {
 // handoff is a result's hand-over from task p to its successor s.
 type handoff struct {
 	p, s int64
-	ack  int // the result's index
+	at   int64 // p's finish: s's start
+	ack  int   // the result's index
 }
 
 // handOverSQL moves the successors ($3: predecessor, $4: successor)
 // still reserved for worker $5 after their predecessors to running, as a
-// claim starts a task ($1: now, $2: now + grace for the timeout).
-const handOverSQL = `UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, started_at = $1,
-		timeout_at = CASE WHEN t.timeout_us > 0 THEN $2 + t.timeout_us END, after_id = NULL
-	FROM unnest($3::bigint[], $4::bigint[]) AS v(p, s)
+// claim starts a task: each starts when its predecessor finished ($1), so
+// the records show the slot passing on at one instant ($2: the grace
+// added to the timeout).
+const handOverSQL = `UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, started_at = v.at,
+		timeout_at = CASE WHEN t.timeout_us > 0 THEN v.at + $2 + t.timeout_us END, after_id = NULL
+	FROM unnest($3::bigint[], $4::bigint[], $1::bigint[]) AS v(p, s, at)
 	WHERE t.id = v.s AND t.state = 'reserved' AND t.worker_id = $5 AND t.after_id = v.p
 	RETURNING t.id, t.sq, t.queue, t.ckey`
 

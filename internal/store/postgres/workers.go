@@ -559,7 +559,7 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 			c.endedIDs = append(c.endedIDs, k.id)
 			c.hoQueue = c.hoQueue || q.handover
 			if n := results[i].Next; n != 0 {
-				c.handoffs = append(c.handoffs, handoff{p: k.id, s: n, ack: i})
+				c.handoffs = append(c.handoffs, handoff{p: k.id, s: n, at: at, ack: i})
 			}
 			return nil
 		})
@@ -595,7 +595,7 @@ func (c *completion) failures(t *txn, backoff store.Backoff) error {
 		if r.Next != 0 {
 			if j := slices.Index(rt.next, r.Next); j >= 0 {
 				rt.next = slices.Delete(rt.next, j, j+1)
-				c.handoffs = append(c.handoffs, handoff{p: rt.id, s: r.Next, ack: i})
+				c.handoffs = append(c.handoffs, handoff{p: rt.id, s: r.Next, at: t.now, ack: i})
 			}
 		}
 		t.endAttempt(rt, outcome{err: r.Error, noRetry: r.NoRetry, retryAfter: r.RetryAfter.D(), backoff: backoff})
@@ -626,11 +626,11 @@ func (c *completion) handOver(t *txn, handover bool) error {
 	}
 	var got []moved
 	if len(c.handoffs) > 0 {
-		ps, ss := make([]int64, len(c.handoffs)), make([]int64, len(c.handoffs))
+		ps, ss, ats := make([]int64, len(c.handoffs)), make([]int64, len(c.handoffs)), make([]int64, len(c.handoffs))
 		for i, h := range c.handoffs {
-			ps[i], ss[i] = h.p, h.s
+			ps[i], ss[i], ats[i] = h.p, h.s, h.at
 		}
-		t.queueQuery("handing over", handOverSQL, []any{t.now, t.now + store.TimeoutGrace.Microseconds(), ps, ss, c.workerID},
+		t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID},
 			func(rows pgx.Rows) error {
 				var m moved
 				if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {

@@ -1,0 +1,305 @@
+package sluice
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Handover (QueueParams.Handover): a reserved successor starts on its
+// predecessor's slot the moment the predecessor's handler ends, with no
+// round trip, and the predecessor's result names it (TaskResult.Next).
+
+// peakTracker records how many handlers run at once, and the most ever.
+type peakTracker struct{ now, peak atomic.Int64 }
+
+func (p *peakTracker) enter() {
+	n := p.now.Add(1)
+	for m := p.peak.Load(); n > m && !p.peak.CompareAndSwap(m, n); m = p.peak.Load() {
+	}
+}
+
+func (p *peakTracker) leave() { p.now.Add(-1) }
+
+// heldIn reports whether some heartbeat listed every id in ids as held.
+func (f *fakeBackend) heldIn(ids ...int64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, hb := range f.heartbeats {
+		ok := true
+		for _, id := range ids {
+			ok = ok && slices.Contains(hb.Held, id)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// The successor starts on the slot of a one-slot worker while the
+// completion carrying its predecessor's result has not returned; it is
+// listed as held while reserved; results name their successors; and only
+// the first task was ever claimed to run.
+func TestWorkerHandoverStartsOnSameSlot(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.handover, f.piggyback = true, true
+	gate, hold := make(chan struct{}), make(chan struct{})
+	openGate, release := sync.OnceFunc(func() { close(gate) }), sync.OnceFunc(func() { close(hold) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate // the first completion hangs until the test says
+		}
+	}
+	ids := f.add(3, ClaimedTask{})
+	started := make(chan int64, 10)
+	var peak peakTracker
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		peak.enter()
+		defer peak.leave()
+		started <- tc.ID
+		if tc.ID == ids[1] {
+			<-hold
+		}
+		return json.RawMessage(strconv.FormatInt(tc.ID, 10)), nil
+	})
+	stop := runWorker(t, w)
+	t.Cleanup(func() { openGate(); release() }) // runs before stop on failure
+
+	require.Equal(t, ids[0], <-started)
+	select {
+	case id := <-started:
+		require.Equal(t, ids[1], id)
+	case <-time.After(waitFor):
+		// The first completion cannot have returned: the gate is shut.
+		t.Fatal("the successor did not start while the completion call was in flight")
+	}
+	require.Zero(t, w.free.Load(), "the successor runs on the predecessor's slot")
+
+	// The answer reserves the third task after the second, which runs:
+	// held from then on, and started the moment the second ends.
+	openGate()
+	require.Eventually(t, func() bool { return f.heldIn(ids[1], ids[2]) }, waitFor, tick)
+	release()
+	require.Equal(t, ids[2], <-started)
+	<-f.resultsReached(3)
+	require.NoError(t, stop())
+
+	require.Equal(t, int64(1), peak.peak.Load())
+	require.Equal(t, int64(1), w.free.Load())
+	f.locked(func() {
+		want := map[int64]int64{ids[0]: ids[1], ids[1]: ids[2], ids[2]: 0}
+		for id, next := range want {
+			require.Len(t, f.results[id], 1, "task %d", id)
+			r := f.results[id][0]
+			require.Empty(t, r.Error)
+			require.Equal(t, next, r.Next, "task %d", id)
+			require.Equal(t, 1, f.reported[id])
+		}
+		claimedToRun := 0
+		for _, n := range f.claimSizes {
+			claimedToRun += n
+		}
+		require.Equal(t, 1, claimedToRun, "the others came by handover")
+		require.Empty(t, f.released)
+		require.Zero(t, f.sameCallHandovers)
+		require.Equal(t, []RegisterWorkerParams{{Name: w.cfg.Name, Kinds: []string{"test"}, Slots: 1, Handover: true}}, f.registered)
+	})
+}
+
+// A successor whose predecessor has already ended, or was never held
+// here, is released unstarted; it takes no slot meanwhile.
+func TestWorkerHandoverLateSuccessorReleased(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	answers := make(chan []ClaimedTask, 2)
+	f.claimHook = func(ctx context.Context, p ClaimParams) (*ClaimResult, error) {
+		select {
+		case tasks := <-answers:
+			f.locked(func() {
+				for _, t := range tasks {
+					if t.After == 0 {
+						f.leased[t.ID] = t.Attempt
+					}
+				}
+			})
+			return &ClaimResult{Tasks: tasks}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	var ran sync.Map
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran.Store(tc.ID, true)
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	answers <- []ClaimedTask{{ID: 1, Kind: "test", Attempt: 1}}
+	<-f.resultsReached(1)
+	// Task 1 has ended and its result is acknowledged: its successor
+	// comes too late; task 99 was never held here.
+	answers <- []ClaimedTask{{ID: 2, Kind: "test", Attempt: 1, After: 1}, {ID: 3, Kind: "test", Attempt: 1, After: 99}}
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.released) == 2
+	}, waitFor, tick)
+	require.NoError(t, stop())
+	f.locked(func() {
+		require.ElementsMatch(t, []int64{2, 3}, f.released)
+		require.Zero(t, f.results[1][0].Next)
+	})
+	_, ran2 := ran.Load(int64(2))
+	_, ran3 := ran.Load(int64(3))
+	require.False(t, ran2 || ran3, "a late successor must not run")
+	require.Equal(t, int64(2), w.free.Load())
+}
+
+// When the server answers the hand-over "lost" (the successor was
+// cancelled while reserved), the worker stops the successor as on a lost
+// lease: its result is dropped and its slot frees.
+func TestWorkerHandoverLostAckStopsSuccessor(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.handover = true
+	ids := f.add(2, ClaimedTask{})
+	f.cancelReserved[ids[1]] = true
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		if tc.ID == ids[0] {
+			return nil, nil
+		}
+		return h.handle(ctx, tc)
+	})
+	stop := runWorker(t, w)
+	require.Equal(t, ids[1], <-h.started, "started on the slot before the ack")
+	require.ErrorIs(t, <-h.causes, errLeaseLost)
+	require.Eventually(t, func() bool { return w.free.Load() == 1 }, waitFor, tick)
+	require.NoError(t, stop())
+	f.locked(func() {
+		require.Equal(t, ids[1], f.results[ids[0]][0].Next)
+		require.Zero(t, f.reported[ids[1]], "a lost successor's result is dropped")
+		require.NotContains(t, f.released, ids[1])
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	require.Empty(t, w.held)
+}
+
+// A graceful shutdown releases a reserved successor at once, with the
+// other unstarted tasks, while its predecessor finishes; the predecessor
+// then reports no successor.
+func TestWorkerHandoverShutdownReleasesSuccessor(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.handover = true
+	ids := f.add(2, ClaimedTask{})
+	started, finish := make(chan int64, 2), make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		started <- tc.ID
+		<-finish // ignores ctx: a graceful shutdown lets it finish
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	require.Equal(t, ids[0], <-started)
+	require.Eventually(t, func() bool { return f.heldIn(ids...) }, waitFor, tick)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Contains(f.released, ids[1])
+	}, waitFor, tick)
+	close(finish)
+	require.NoError(t, <-stopped)
+	require.Empty(t, started, "the successor must not start")
+	f.locked(func() {
+		require.Equal(t, []int64{ids[1]}, f.released)
+		require.Len(t, f.results[ids[0]], 1)
+		require.Zero(t, f.results[ids[0]][0].Next)
+		require.Equal(t, ids[1], f.ready[0].ID, "back in the queue")
+	})
+	require.Equal(t, int64(1), w.free.Load())
+}
+
+// A worker with NoHandover registers without it.
+func TestWorkerNoHandover(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	w := newTestWorker(f, WorkerConfig{NoHandover: true})
+	w.Register("test", noop)
+	runWorker(t, w)
+	require.Eventually(t, func() bool { return w.ID() != "" }, waitFor, tick)
+	f.locked(func() {
+		require.False(t, f.registered[0].Handover)
+	})
+}
+
+// The ledger under handover, with slow completions: never more handlers
+// at once than slots, every task run and reported once, accepted, and a
+// result never sent with the one that hands over to it.
+func TestWorkerHandoverLedger(t *testing.T) {
+	t.Parallel()
+	const slots, n = 4, 400
+	f := newFakeBackend()
+	f.handover, f.piggyback = true, true
+	f.completeDelay = 500 * time.Microsecond
+	var peak peakTracker
+	var mu sync.Mutex
+	starts := map[int64]int{}
+	w := newTestWorker(f, WorkerConfig{Slots: slots, ClaimBatch: 3})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		peak.enter()
+		defer peak.leave()
+		mu.Lock()
+		starts[tc.ID]++
+		mu.Unlock()
+		time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond)
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	ids := f.add(n, ClaimedTask{})
+	<-f.resultsReached(n)
+	require.NoError(t, stop())
+
+	require.LessOrEqual(t, peak.peak.Load(), int64(slots))
+	require.Equal(t, int64(slots), w.free.Load())
+	f.mu.Lock()
+	results, reported, completes := maps.Clone(f.results), maps.Clone(f.reported), slices.Clone(f.completes)
+	sameCall := f.sameCallHandovers
+	f.mu.Unlock()
+	handovers := 0
+	for _, id := range ids {
+		require.Len(t, results[id], 1, "task %d", id)
+		require.Equal(t, 1, reported[id], "task %d reported once", id)
+		if results[id][0].Next != 0 {
+			handovers++
+		}
+	}
+	require.Positive(t, handovers, "no task was handed over")
+	require.Zero(t, sameCall, "a successor's result went with its predecessor's")
+	for _, c := range completes {
+		require.LessOrEqual(t, c.Claim, slots)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, n)
+	for id, k := range starts {
+		require.Equal(t, 1, k, "task %d started %d times", id, k)
+	}
+}
