@@ -303,7 +303,7 @@ type taskRun struct {
 	// Set before the result is queued; read (and cleared) by the completer.
 	handedTo *taskRun // the successor started on this run's slot (result.Next)
 
-	sentIn uint64 // the last complete call (numbered by the completer) that saw this result
+	acked bool // a complete call that carried this result returned (completeLoop only)
 }
 
 // NewWorker returns a worker that talks to b. Configuration errors are
@@ -1129,89 +1129,150 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 // 7.3–9.3k vs 9.5–10.4k tasks/s, (e) 63–69 % vs 74–77 % of ideal — as
 // smaller batches meant more serialised transactions.)
 //
+// One exception to one call at a time: results that hand over (Next) may
+// go in a second call while one is in flight. The answer to such a call
+// brings the successor's own successor, which must arrive before that
+// successor ends, or its slot waits for a claim: behind a call in flight
+// it would wait up to two calls instead of one. A result goes only once
+// the call that carried its predecessor's result has returned (the
+// server starts a successor when it records that result).
+//
 // While claiming goes on (runCtx live), each call also asks for as many
 // new tasks as there are free slots (CompleteParams.Claim): a busy worker
 // gets its next tasks in the same round trip, the moment its results free
 // their slots, instead of waiting for its long-poll to be woken.
 func (w *Worker) completeLoop(ctx, runCtx context.Context) {
-	batch := make([]*taskRun, 0, maxCompleteBatch)
-	sent := make([]*taskRun, 0, maxCompleteBatch)
-	later := make([]*taskRun, 0, maxCompleteBatch)
-	params := make([]TaskResult, 0, maxCompleteBatch)
-	flushing := false
-	var call uint64
+	var pending []*taskRun
+	done := make(chan completeCall, maxCompleteCalls)
+	inflight := 0
+	flushing, failed := false, false
 	for {
-		if len(batch) == 0 && !flushing {
-			select {
-			case tr := <-w.results:
-				batch = append(batch, tr)
-			case <-w.flush:
-				flushing = true
-			}
+		if (failed || flushing && len(pending) == 0) && inflight == 0 {
+			return
 		}
-		batch = w.topUp(batch)
-		if len(batch) == 0 {
-			return // flushing and nothing left
-		}
-		call++
-		params, sent, later = params[:0], sent[:0], later[:0]
-		numbered := false
-		for _, tr := range batch {
-			pred := tr.pred
-			tr.sentIn = call
-			if pred != nil && pred.sentIn == call {
-				// Its predecessor's result is in this call: the server
-				// starts this task only when it records that one, so
-				// this result waits for the next call.
-				later = append(later, tr)
+		if !failed {
+			if batch, handing := w.sendable(pending); len(batch) > 0 && (inflight == 0 || handing && inflight < maxCompleteCalls) {
+				pending = w.unsent(pending, batch)
+				inflight++
+				go func() { done <- completeCall{sent: batch, ok: w.completeCall(ctx, runCtx, batch)} }()
 				continue
 			}
-			tr.pred = nil // let the predecessor go
-			sent = append(sent, tr)
-			if tr.state.Load() == stDone {
-				params = append(params, tr.result)
-				numbered = numbered || tr.result.Next != 0
-			}
 		}
-		var res *CompleteResult
-		var asked, seq int64
-		if len(params) > 0 {
-			asked = w.piggyback(runCtx)
-			// A result that hands over may come back with a reserved
-			// successor even without a claim: number the call so that
-			// a lost answer's reservations are released (ClaimsSettled).
-			if asked > 0 || numbered {
-				seq = w.seqs.begin()
-			}
-			var ok bool
-			res, seq, ok = w.send(ctx, params, asked, seq)
-			if !ok {
-				w.unreserve(asked)
-				w.seqs.end(seq)
-				return
-			}
-			w.settleHandovers(sent, res.Results)
+		flush := w.flush
+		if flushing {
+			flush = nil
 		}
-		w.forget(sent)
-		clear(batch)
-		batch = append(batch[:0], later...)
-		clear(sent)
-		if res != nil && len(res.Tasks) > 0 {
-			claimed := res.Tasks
-			if n := countRunNow(claimed); n > 0 {
-				w.metrics.claimed(n)
+		select {
+		case tr := <-w.results:
+			pending = append(pending, tr)
+			pending = w.topUp(pending)
+		case <-flush:
+			flushing = true
+		case c := <-done:
+			inflight--
+			for _, tr := range c.sent {
+				tr.acked = true
 			}
-			w.markActive()
-			if runCtx.Err() == nil && !w.stopping.Load() {
-				w.start(claimed, asked, true)
-			} else {
-				// Claiming has stopped: hand them back at once.
-				w.startReleased(ctx, claimed)
-			}
+			failed = failed || !c.ok
 		}
-		w.unreserve(asked)
-		w.seqs.end(seq) // its tasks are held (or released) now
 	}
+}
+
+// maxCompleteCalls is how many complete calls may be in flight at once;
+// see completeLoop.
+const maxCompleteCalls = 2
+
+// completeCall is a complete call that returned (ok false: it gave up at
+// the shutdown's cleanup deadline).
+type completeCall struct {
+	sent []*taskRun
+	ok   bool
+}
+
+// sendable picks, in order, up to maxCompleteBatch pending results whose
+// predecessor's result (if any) a returned call carried, and says whether
+// one hands over.
+func (w *Worker) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
+	for _, tr := range pending {
+		if len(batch) == maxCompleteBatch {
+			break
+		}
+		if tr.pred != nil && !tr.pred.acked {
+			continue
+		}
+		batch = append(batch, tr)
+		handing = handing || tr.result.Next != 0
+	}
+	return batch, handing
+}
+
+// unsent is pending without the results of batch (a subsequence of it),
+// and lets their predecessors go.
+func (w *Worker) unsent(pending, batch []*taskRun) []*taskRun {
+	in := make(map[*taskRun]bool, len(batch))
+	for _, tr := range batch {
+		in[tr] = true
+		tr.pred = nil
+	}
+	out := pending[:0]
+	for _, tr := range pending {
+		if !in[tr] {
+			out = append(out, tr)
+		}
+	}
+	clear(pending[len(out):])
+	return out
+}
+
+// completeCall sends one batch of results (those still to report), asks
+// for tasks for the free slots while claiming goes on, acts on the acks
+// and starts what the answer brings. It reports false when it gave up
+// (the shutdown's cleanup deadline).
+func (w *Worker) completeCall(ctx, runCtx context.Context, sent []*taskRun) bool {
+	params := make([]TaskResult, 0, len(sent))
+	numbered := false
+	for _, tr := range sent {
+		if tr.state.Load() == stDone {
+			params = append(params, tr.result)
+			numbered = numbered || tr.result.Next != 0
+		}
+	}
+	var res *CompleteResult
+	var asked, seq int64
+	if len(params) > 0 {
+		asked = w.piggyback(runCtx)
+		// A result that hands over may come back with a reserved
+		// successor even without a claim: number the call so that a
+		// lost answer's reservations are released (ClaimsSettled).
+		if asked > 0 || numbered {
+			seq = w.seqs.begin()
+		}
+		var ok bool
+		res, seq, ok = w.send(ctx, params, asked, seq)
+		if !ok {
+			w.unreserve(asked)
+			w.seqs.end(seq)
+			return false
+		}
+		w.settleHandovers(sent, res.Results)
+	}
+	w.forget(sent)
+	if res != nil && len(res.Tasks) > 0 {
+		claimed := res.Tasks
+		if n := countRunNow(claimed); n > 0 {
+			w.metrics.claimed(n)
+		}
+		w.markActive()
+		if runCtx.Err() == nil && !w.stopping.Load() {
+			w.start(claimed, asked, true)
+		} else {
+			// Claiming has stopped: hand them back at once.
+			w.startReleased(ctx, claimed)
+		}
+	}
+	w.unreserve(asked)
+	w.seqs.end(seq) // its tasks are held (or released) now
+	return true
 }
 
 // countRunNow counts the tasks to start now: not reserved successors.
