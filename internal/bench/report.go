@@ -157,8 +157,8 @@ func (r *Results) Markdown(command string) string {
 		p("| (d) claim of %d, %s tasks blocked | %s | %s | %s |\n", c.Max, thousands(float64(c.Blocked)), res, target, ok)
 	}
 	if sl := r.Slow; sl != nil {
-		p("| (e) %s tasks of %.0f ms under queue limit %d, handover %s | %.2f s against an ideal %.2f s = %.1f%% of ideal (at most %d at once) | ≥ %d%% of ideal | %s |\n",
-			thousands(float64(sl.Tasks)), sl.SleepMS, sl.Limit, onOff(sl.Handover), sl.Seconds, sl.IdealSeconds, sl.PercentOfIdeal, sl.MaxConcurrent,
+		p("| (e) %s tasks of %.0f ms under queue limit %d, handover %s | %.2f s against an ideal %.2f s = %.1f%% of ideal (at most %d at once; handlers slept %.2f ms on average, slots busy %.1f%%) | ≥ %d%% of ideal | %s |\n",
+			thousands(float64(sl.Tasks)), sl.SleepMS, sl.Limit, onOff(sl.Handover), sl.Seconds, sl.IdealSeconds, sl.PercentOfIdeal, sl.MaxConcurrent, sl.SleptMS, sl.PercentBusy,
 			TargetPercentOfIdeal, met(sl.PercentOfIdeal >= TargetPercentOfIdeal && sl.MaxConcurrent <= sl.Limit))
 	}
 

@@ -14,7 +14,9 @@ type sleepInput struct {
 }
 
 // sleepHandler waits for input.duration, or until the task is cancelled.
-// Output: {"slept": "1.5s"}.
+// Output: {"slept": "1.5s", "took_us": 1500412}: the duration asked for,
+// and the wait as the handler measured it (timers fire late by up to a
+// millisecond or so: benchmarks use it for the work actually done).
 func sleepHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
 	var in sleepInput
 	if err := decodeInput("sleep", t.Input, &in); err != nil {
@@ -36,8 +38,9 @@ func sleepHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, 
 		return nil, fmt.Errorf("sleep: interrupted after %s of %s: %w", time.Since(start).Round(time.Millisecond), d, context.Cause(ctx))
 	}
 	return json.Marshal(struct {
-		Slept string `json:"slept"`
-	}{d.String()})
+		Slept  string `json:"slept"`
+		TookUS int64  `json:"took_us"`
+	}{d.String(), time.Since(start).Microseconds()})
 }
 
 // echoHandler returns its input as output.
