@@ -112,6 +112,9 @@ type handoff struct {
 	p, s int64
 	at   int64 // p's finish: s's start
 	ack  int   // the result's index
+	// success: p succeeded (its hand-over went with BEGIN, see
+	// queueComplete)
+	success bool
 }
 
 // handOverSQL moves the successors ($3: predecessor, $4: successor)

@@ -507,6 +507,18 @@ type completion struct {
 	hoQueue  bool
 	handoffs []handoff
 	started  []handed
+	// early: the successes' hand-overs went with BEGIN (queueComplete),
+	// with the read of what stays reserved after the successes; moved
+	// and rest are what they returned.
+	early bool
+	moved []movedTask
+	rest  []reservedTask
+}
+
+// movedTask is a successor a hand-over moved to running.
+type movedTask struct {
+	id, sq      int64
+	queue, ckey string
 }
 
 // attemptKey names one attempt of a task.
@@ -559,10 +571,32 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 			c.endedIDs = append(c.endedIDs, k.id)
 			c.hoQueue = c.hoQueue || q.handover
 			if n := results[i].Next; n != 0 {
-				c.handoffs = append(c.handoffs, handoff{p: k.id, s: n, at: at, ack: i})
+				c.handoffs = append(c.handoffs, handoff{p: k.id, s: n, at: at, ack: i, success: true})
 			}
 			return nil
 		})
+		// The successes' hand-overs go in the same round trip: the
+		// statement checks the reservation itself (after the success,
+		// for this worker), which only a task of the worker's could have.
+		var ps, ss, ats []int64
+		for k, i := range okIdx {
+			if n := results[i].Next; n != 0 {
+				ps, ss, ats = append(ps, k.id), append(ss, n), append(ats, at)
+			}
+		}
+		if len(ps) > 0 {
+			c.early = true
+			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID},
+				func(rows pgx.Rows) error {
+					var m movedTask
+					if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {
+						return err
+					}
+					c.moved = append(c.moved, m)
+					return nil
+				})
+			t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{ids}, &c.rest)
+		}
 	}
 	return c
 }
@@ -616,38 +650,47 @@ func (c *completion) failures(t *txn, backoff store.Backoff) error {
 // a success's queue has handover on (a failure's successors came with
 // its read, runningSelect).
 func (c *completion) handOver(t *txn, handover bool) error {
-	if !handover || len(c.handoffs) == 0 && !c.hoQueue {
-		return nil
+	var got []movedTask
+	var rest []reservedTask
+	if c.early {
+		// The successes' hand-overs ran with BEGIN, and the read of what
+		// stays reserved after the successes.
+		got, rest = c.moved, c.rest
+	}
+	late := c.handoffs
+	if c.early {
+		late = nil
+		for _, h := range c.handoffs {
+			if !h.success { // a success's went early
+				late = append(late, h)
+			}
+		}
+	}
+	if handover && (len(late) > 0 || !c.early && c.hoQueue) {
+		if len(late) > 0 {
+			ps, ss, ats := make([]int64, len(late)), make([]int64, len(late)), make([]int64, len(late))
+			for i, h := range late {
+				ps[i], ss[i], ats[i] = h.p, h.s, h.at
+			}
+			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID},
+				func(rows pgx.Rows) error {
+					var m movedTask
+					if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {
+						return err
+					}
+					got = append(got, m)
+					return nil
+				})
+		}
+		// What is still reserved after the ended tasks, read after the
+		// hand-over (and after the failures' releases, queued before it).
+		t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{c.endedIDs}, &rest)
+		if err := t.send(); err != nil {
+			return err
+		}
 	}
 	slices.SortFunc(c.handoffs, func(a, b handoff) int { return a.ack - b.ack })
-	type moved struct {
-		id, sq      int64
-		queue, ckey string
-	}
-	var got []moved
-	if len(c.handoffs) > 0 {
-		ps, ss, ats := make([]int64, len(c.handoffs)), make([]int64, len(c.handoffs)), make([]int64, len(c.handoffs))
-		for i, h := range c.handoffs {
-			ps[i], ss[i], ats[i] = h.p, h.s, h.at
-		}
-		t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID},
-			func(rows pgx.Rows) error {
-				var m moved
-				if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {
-					return err
-				}
-				got = append(got, m)
-				return nil
-			})
-	}
-	// What is still reserved after the ended tasks, read after the
-	// hand-over (and after the failures' releases, queued before it).
-	var rest []reservedTask
-	t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{c.endedIDs}, &rest)
-	if err := t.send(); err != nil {
-		return err
-	}
-	byID := make(map[int64]moved, len(got))
+	byID := make(map[int64]movedTask, len(got))
 	for _, m := range got {
 		sq, err := t.subqueue(m.sq)
 		if err != nil {
@@ -662,6 +705,11 @@ func (c *completion) handOver(t *txn, handover bool) error {
 			c.acks[h.ack].Next = "started"
 			c.started = append(c.started, handed{id: m.id, queue: m.queue, ckey: m.ckey})
 		}
+	}
+	if len(byID) > 0 {
+		// Only a task running here could have a successor reserved
+		// after it: its result cannot have been stale.
+		return fmt.Errorf("handing over: %d successors moved after a result not acknowledged", len(byID))
 	}
 	t.unreserve(rest)
 	return nil
