@@ -303,7 +303,15 @@ type taskRun struct {
 	// Set before the result is queued; read (and cleared) by the completer.
 	handedTo *taskRun // the successor started on this run's slot (result.Next)
 
-	acked bool // a complete call that carried this result returned (completeLoop only)
+	// Guarded by Worker.mu. acked: a complete call that carried this
+	// result returned. inCall: the completer took the result into a
+	// call. succ: the run this one handed its slot to, until this one's
+	// call returns. slotHeld: the handler ended with no successor while
+	// the call that may bring one (its predecessor's) was in flight: the
+	// slot stays taken until that call returns, for a successor that
+	// comes with its answer.
+	acked, inCall, slotHeld bool
+	succ                    *taskRun
 }
 
 // NewWorker returns a worker that talks to b. Configuration errors are
@@ -697,6 +705,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 	}
 	runs := make([]taskRun, len(tasks)) // one allocation per claim
 	late := 0
+	var lateStart []*taskRun
 	w.mu.Lock()
 	for i := range tasks {
 		ct := &tasks[i]
@@ -706,13 +715,28 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 		tr.timeout = ct.Timeout.D()
 		if ct.After != 0 {
 			pred := w.held[ct.After]
-			if pred == nil || pred.ended || pred.next != nil || ct.After == ct.ID ||
-				(pred.state.Load() != stClaimed && pred.state.Load() != stRunning) {
+			switch {
+			case pred == nil || pred.next != nil || pred.handedTo != nil || ct.After == ct.ID:
+				release = append(release, ct.ID)
+				late++
+				continue
+			case !pred.ended && (pred.state.Load() == stClaimed || pred.state.Load() == stRunning):
+				pred.next = tr // in time: it starts when pred ends
+			case pred.ended && pred.slotHeld && !pred.inCall && pred.state.Load() == stDone && launch && !w.stopping.Load():
+				// Late: pred has ended, but kept its slot and its result
+				// waits for the call that brought this one. Name it in
+				// that result and start it now on pred's slot: the
+				// server passes it pred's slots when it records that
+				// result.
+				pred.result.Next, pred.handedTo, pred.succ, tr.pred = ct.ID, tr, tr, pred
+				pred.slotHeld = false
+				tr.state.Store(stRunning)
+				lateStart = append(lateStart, tr)
+			default:
 				release = append(release, ct.ID)
 				late++
 				continue
 			}
-			pred.next = tr
 		}
 		tr.ctx, tr.cancel = context.WithCancelCause(w.baseCtx)
 		if old := w.held[ct.ID]; old != nil {
@@ -729,6 +753,13 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 	}
 	if len(release) > 0 {
 		w.releaseNow(release)
+	}
+	if len(lateStart) > 0 {
+		w.markActive()
+		w.tasks.Add(len(lateStart))
+		for _, tr := range lateStart {
+			go w.runSuccessor(tr)
+		}
 	}
 	if !launch {
 		return
@@ -854,7 +885,7 @@ func (w *Worker) execute(tr *taskRun) {
 		w.markActive()
 		w.tasks.Add(1)
 		go w.runSuccessor(next)
-	} else {
+	} else if !w.holdSlot(tr) {
 		w.freeSlot()
 	}
 	// A result never goes before its predecessor's: the server starts
@@ -906,9 +937,49 @@ func (w *Worker) handOver(tr *taskRun) *taskRun {
 	}
 	tr.result.Next = next.tc.ID
 	tr.handedTo = next
+	w.mu.Lock()
+	tr.succ = next
+	w.mu.Unlock()
 	next.pred = tr
 	next.predQueued = make(chan struct{})
 	return next
+}
+
+// holdSlot keeps tr's slot taken when tr ended with no successor while
+// the call carrying its predecessor's result is in flight: that call's
+// answer may bring tr's successor (reserved when tr was handed its slot),
+// which then starts on the slot (start). The completer frees the slot
+// when the call returns without one (releaseHeld).
+func (w *Worker) holdSlot(tr *taskRun) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if tr.pred == nil || tr.pred.acked || tr.pred.succ != tr || w.stopping.Load() {
+		return false
+	}
+	tr.slotHeld = true
+	return true
+}
+
+// releaseHeld notes that the calls carrying sent have returned, and
+// frees the slots their successors kept for a successor of their own
+// that did not come (holdSlot).
+func (w *Worker) releaseHeld(sent []*taskRun) {
+	freed := 0
+	w.mu.Lock()
+	for _, tr := range sent {
+		tr.acked = true
+		if s := tr.succ; s != nil {
+			tr.succ = nil
+			if s.slotHeld {
+				s.slotHeld = false
+				freed++
+			}
+		}
+	}
+	w.mu.Unlock()
+	for range freed {
+		w.freeSlot()
+	}
 }
 
 // endRun notes that tr's handler has ended (or will never run) without a
@@ -1170,9 +1241,7 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 			flushing = true
 		case c := <-done:
 			inflight--
-			for _, tr := range c.sent {
-				tr.acked = true
-			}
+			w.releaseHeld(c.sent)
 			failed = failed || !c.ok
 		}
 	}
@@ -1193,6 +1262,8 @@ type completeCall struct {
 // predecessor's result (if any) a returned call carried, and says whether
 // one hands over.
 func (w *Worker) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
+	w.mu.Lock() // a late successor may be named in a result not in a call yet
+	defer w.mu.Unlock()
 	for _, tr := range pending {
 		if len(batch) == maxCompleteBatch {
 			break
@@ -1210,10 +1281,13 @@ func (w *Worker) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
 // and lets their predecessors go.
 func (w *Worker) unsent(pending, batch []*taskRun) []*taskRun {
 	in := make(map[*taskRun]bool, len(batch))
+	w.mu.Lock()
 	for _, tr := range batch {
 		in[tr] = true
 		tr.pred = nil
+		tr.inCall = true
 	}
+	w.mu.Unlock()
 	out := pending[:0]
 	for _, tr := range pending {
 		if !in[tr] {

@@ -303,3 +303,64 @@ func TestWorkerHandoverLedger(t *testing.T) {
 		require.Equal(t, 1, k, "task %d started %d times", id, k)
 	}
 }
+
+// A successor that comes after its predecessor ended still starts on the
+// predecessor's slot when the predecessor's result has not gone yet: it
+// waits for the very call whose answer brings the successor, and the slot
+// stays taken meanwhile. The result then names it.
+func TestWorkerHandoverLateSuccessorTakesHeldSlot(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.handover = true
+	ids := f.add(3, ClaimedTask{})
+	// One claim hands out the first task with the second reserved after
+	// it; later claims wait, so a freed slot would show.
+	var claims atomic.Int32
+	f.claimHook = func(ctx context.Context, p ClaimParams) (*ClaimResult, error) {
+		if claims.Add(1) == 1 {
+			var tasks []ClaimedTask
+			f.locked(func() { tasks = f.leaseOutLocked(1) })
+			return &ClaimResult{Tasks: tasks}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	gate := make(chan struct{})
+	openGate := sync.OnceFunc(func() { close(gate) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate // the hand-over to the second task hangs
+		}
+	}
+	var peak peakTracker
+	ended := make(chan int64, 3)
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		peak.enter()
+		defer peak.leave()
+		defer func() { ended <- tc.ID }()
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	t.Cleanup(openGate)
+	require.Equal(t, ids[0], <-ended)
+	require.Equal(t, ids[1], <-ended, "handed over while the first call hangs")
+	// The second task has ended with no successor yet: its slot is kept
+	// for the one the hanging call's answer brings.
+	time.Sleep(20 * time.Millisecond)
+	require.Zero(t, w.free.Load(), "the slot is held for a successor that may come")
+	openGate()
+	require.Equal(t, ids[2], <-ended, "the late successor ran")
+	<-f.resultsReached(3)
+	require.Eventually(t, func() bool { return w.free.Load() == 1 }, waitFor, tick)
+	require.NoError(t, stop())
+	require.Equal(t, int64(1), peak.peak.Load())
+	f.locked(func() {
+		require.Equal(t, ids[1], f.results[ids[0]][0].Next)
+		require.Equal(t, ids[2], f.results[ids[1]][0].Next, "the late successor is named")
+		require.Zero(t, f.results[ids[2]][0].Next)
+		require.Empty(t, f.released)
+		require.Zero(t, f.sameCallHandovers)
+	})
+}
