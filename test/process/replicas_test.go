@@ -93,6 +93,11 @@ func (rc *replicaCluster) scrape(i int, name string) (float64, bool) {
 // times, which follow commit order), nothing was lost, nothing succeeded
 // twice, the killed worker's tasks were recovered, and the background
 // sweeper ran on one server at a time (S-ST2).
+// TestPostgresReplicasHandover is TestPostgresReplicas with handover on
+// both queues: successors reserved on one replica are handed over through
+// another after a failover, and a killed worker's reserved tasks return.
+func TestPostgresReplicasHandover(t *testing.T) { TestPostgresReplicas(t) }
+
 func TestPostgresReplicas(t *testing.T) {
 	const (
 		lease         = 3 * time.Second
@@ -107,9 +112,10 @@ func TestPostgresReplicas(t *testing.T) {
 	ctx := t.Context()
 	c := rc.client(1)
 	lim, one := limited, 1
-	_, err := c.PutQueue(ctx, "limited", sluice.QueueParams{ConcurrencyLimit: &lim})
+	handover := strings.Contains(t.Name(), "Handover")
+	_, err := c.PutQueue(ctx, "limited", sluice.QueueParams{ConcurrencyLimit: &lim, Handover: handover})
 	require.NoError(t, err)
-	_, err = c.PutQueue(ctx, "keyed", sluice.QueueParams{ConcurrencyLimit: &one})
+	_, err = c.PutQueue(ctx, "keyed", sluice.QueueParams{ConcurrencyLimit: &one, Handover: handover})
 	require.NoError(t, err)
 
 	// Each worker lists every replica, starting with a different one.
@@ -256,6 +262,12 @@ func TestPostgresReplicas(t *testing.T) {
 		require.LessOrEqual(t, n, limit, "sub-queue %s: %d attempts at once at %s (limit %d)", s, n, at, limit)
 	}
 	t.Logf("%d tasks, %d recovered attempts; at most %d running cluster-wide", seen, recovered, n)
+	if handover {
+		h1, _ := rc.scrape(1, "sluice_handovers_total")
+		h2, _ := rc.scrape(2, "sluice_handovers_total")
+		t.Logf("%.0f hand-overs on the surviving replicas", h1+h2)
+		require.Positive(t, h1+h2, "no task was handed over")
+	}
 }
 
 // TestPostgresCrossReplicaPickup triggers tasks through replica A while the
