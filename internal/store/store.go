@@ -100,7 +100,8 @@ type Worker struct {
 //     a batch with a Next. ClaimSpec.Max and a worker's free slots bound
 //     only the tasks claimed to run now, never reserved ones. If S is
 //     not reserved for the worker after P, or P's result is stale, Next
-//     is "lost" and nothing moves.
+//     is "lost" and nothing moves — unless S is already running on this
+//     worker (a retried call whose first try committed): then "started".
 //   - Release. Whenever P stops running by any other path (a result
 //     without Next or naming another task, a stale result, a timeout,
 //     Release of P), a task reserved after P goes back to queued (queued

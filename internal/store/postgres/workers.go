@@ -712,7 +712,30 @@ func (c *completion) handOver(t *txn, handover bool) error {
 		return fmt.Errorf("handing over: %d successors moved after a result not acknowledged", len(byID))
 	}
 	t.unreserve(rest)
-	return nil
+	// A retried call whose first try committed: its results are stale
+	// now, and the successors they named run here already.
+	var lost []int64
+	at := map[int64][]int{}
+	for i, r := range c.results {
+		if c.acks[i].Next == "lost" {
+			lost = append(lost, r.Next)
+			at[r.Next] = append(at[r.Next], i)
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	return t.query("handing over", `SELECT id FROM tasks WHERE id = ANY($1) AND state = 'running' AND worker_id = $2`, []any{lost, c.workerID},
+		func(rows pgx.Rows) error {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			for _, i := range at[id] {
+				c.acks[i].Next = "started"
+			}
+			return nil
+		})
 }
 
 // Heartbeat extends a worker's lease; see store.Store.

@@ -374,6 +374,20 @@ func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, back
 			return nil, err
 		}
 	}
+	// A retried call whose first try committed: its results are stale
+	// now, and the successors they named run here already.
+	for i, r := range results {
+		if acks[i].Next != "lost" {
+			continue
+		}
+		var n int
+		if err := t.tx.QueryRowContext(t.ctx, `SELECT count(*) FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ?`, r.Next, workerID).Scan(&n); err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			acks[i].Next = "started"
+		}
+	}
 	return handed, nil
 }
 

@@ -354,3 +354,26 @@ func testHandoverOff(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.StateReady, h.state(tasks[1].ID), "the freed slot went to it by the refill")
 	h.counters()
 }
+
+// A retried completion whose first try committed (its answer was lost)
+// finds its results stale; the successors they named run on the worker
+// already, so the hand-over stands ("started"), and nothing moves again.
+func testHandoverRetried(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.handoverQueue("q", 1)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	h.handoverWorker("w", 10, "k")
+	run, next := split(h.claim("w", 10))
+	p, s := run[0], next[run[0].ID]
+	acks, more := h.completeNext("w", withNext(ok(p), s.ID))
+	require.Equal(t, "started", acks[0].Next)
+	require.Len(t, more, 1)
+	h.counters()
+	acks, more = h.completeNext("w", withNext(ok(p), s.ID))
+	require.Equal(t, "stale", acks[0].Status)
+	require.Equal(t, "started", acks[0].Next, "the first try handed over")
+	require.Empty(t, more)
+	require.Equal(t, sluice.StateRunning, h.state(s.ID))
+	require.Equal(t, sluice.StateReserved, h.state(tasks[2].ID))
+	h.counters()
+}

@@ -169,6 +169,7 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverPauseCancel":     testHandoverPauseCancel,
 		"HandoverHeartbeat":       testHandoverHeartbeat,
 		"HandoverOff":             testHandoverOff,
+		"HandoverRetried":         testHandoverRetried,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })
