@@ -474,10 +474,16 @@ func (t *txn) releaseAfter(id int64) error {
 // releaseReserved returns the reserved tasks that match where (a
 // condition on tasks) to their sub-queues' wait lists, for the refill.
 func (t *txn) releaseReserved(where string, args ...any) error {
-	rows, err := t.tx.QueryContext(t.ctx, `UPDATE tasks SET state = 'queued', worker_id = NULL, after_id = NULL
-		WHERE state = 'reserved' AND `+where+` RETURNING sq`, args...)
+	return t.moveReserved(`UPDATE tasks SET state = 'queued', worker_id = NULL, after_id = NULL
+		WHERE state = 'reserved' AND `+where+` RETURNING sq`, args, func(sq *sqRow) { sq.queued++ })
+}
+
+// moveReserved runs q, an UPDATE of reserved tasks RETURNING their
+// sub-queue, and applies counted to each one's sub-queue (marked dirty).
+func (t *txn) moveReserved(q string, args []any, counted func(sq *sqRow)) error {
+	rows, err := t.tx.QueryContext(t.ctx, q, args...)
 	if err != nil {
-		return fmt.Errorf("releasing reserved tasks: %w", err)
+		return fmt.Errorf("moving reserved tasks: %w", err)
 	}
 	var sqs []int64
 	for rows.Next() {
@@ -492,12 +498,17 @@ func (t *txn) releaseReserved(where string, args ...any) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	if len(sqs) > 0 {
+		if _, err := t.loadEnv(); err != nil {
+			return err
+		}
+	}
 	for _, id := range sqs {
 		sq, err := t.subqueue(id)
 		if err != nil {
 			return err
 		}
-		sq.queued++
+		counted(sq)
 		sq.dirty = true
 	}
 	return nil
@@ -587,37 +598,10 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int
 // become running here, taking a slot each, and dropWorker ends them with
 // the worker's running tasks, giving the slots back.
 func (t *txn) startReserved(workerID string) error {
-	rows, err := t.tx.QueryContext(t.ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?, timeout_at = NULL, after_id = NULL
-		WHERE state = 'reserved' AND worker_id = ? RETURNING sq`, t.now, workerID)
-	if err != nil {
-		return fmt.Errorf("reserved tasks of a gone worker: %w", err)
-	}
-	var sqs []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return err
-		}
-		sqs = append(sqs, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	if len(sqs) > 0 {
-		if _, err := t.loadEnv(); err != nil {
-			return err
-		}
-	}
-	for _, id := range sqs {
-		sq, err := t.subqueue(id)
-		if err != nil {
-			return err
-		}
+	return t.moveReserved(`UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?, timeout_at = NULL, after_id = NULL
+		WHERE state = 'reserved' AND worker_id = ? RETURNING sq`, []any{t.now, workerID}, func(sq *sqRow) {
 		sq.running++
 		t.env.running++
-		sq.dirty, t.env.dirty = true, true
-	}
-	return nil
+		t.env.dirty = true
+	})
 }
