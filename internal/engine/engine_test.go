@@ -206,16 +206,19 @@ func (f *fixture) parkClaim(worker string, wait time.Duration) <-chan *sluice.Cl
 }
 
 // skippedLooks reads sluice_claim_looks_skipped_total.
-func (f *fixture) skippedLooks() float64 {
+func (f *fixture) skippedLooks() float64 { return f.counter("sluice_claim_looks_skipped_total") }
+
+// counter reads a counter metric.
+func (f *fixture) counter(name string) float64 {
 	f.t.Helper()
 	mfs, err := f.e.Metrics().Registry().Gather()
 	require.NoError(f.t, err)
 	for _, mf := range mfs {
-		if mf.GetName() == "sluice_claim_looks_skipped_total" {
+		if mf.GetName() == name {
 			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
-	f.t.Fatal("no sluice_claim_looks_skipped_total metric")
+	f.t.Fatalf("no %s metric", name)
 	return 0
 }
 
@@ -286,6 +289,27 @@ func TestExplain(t *testing.T) {
 		require.Equal(t, `no worker for kind "resize"`, f.get(task.ID).Explain, "a worker of another kind does not count")
 		f.register("resize")
 		require.Equal(t, `ready: holds its slot, waiting for a free worker slot for kind "resize"`, f.get(task.ID).Explain)
+	})
+	t.Run("reserved", func(t *testing.T) {
+		f := newFixture(t, engine.Config{})
+		one := 1
+		_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
+		require.NoError(t, err)
+		reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
+		require.NoError(t, err)
+		first := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
+		next := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
+		claimed := f.claim(reg.ID, 10)
+		require.Len(t, claimed, 2, "the task and its reserved successor")
+		require.Equal(t, first.ID, claimed[1].After)
+		require.Equal(t, fmt.Sprintf("reserved on worker %s: starts on the slot of task %d when it ends (handover)", reg.ID, first.ID),
+			f.get(next.ID).Explain)
+		// The hand-over is counted.
+		res, err := f.e.Complete(f.ctx, reg.ID, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: first.ID, Attempt: 1, Next: next.ID}}})
+		require.NoError(t, err)
+		require.Equal(t, "started", res.Results[0].Next)
+		require.Equal(t, sluice.StateRunning, f.get(next.ID).State)
+		require.Equal(t, 1.0, f.counter("sluice_handovers_total"))
 	})
 	t.Run("backing off", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
