@@ -105,8 +105,9 @@ type Worker struct {
 //   - Release. Whenever P stops running by any other path (a result
 //     without Next or naming another task, a stale result, a timeout,
 //     Release of P), a task reserved after P goes back to queued (queued
-//     counter + 1, worker_id and after_id cleared) in the same
-//     transaction, and the refill may promote it. Release of a reserved
+//     counter + 1, worker_id and after_id cleared; paused, from queued,
+//     if its queue is paused) in the same transaction, and the refill may
+//     promote it. Release of a reserved
 //     task itself returns it to queued too, its attempt not counted.
 //   - A gone worker (lease expired, deregistered) may have started its
 //     reserved tasks without reporting it: each is ended like its running

@@ -80,12 +80,13 @@ func (t *txn) unreserveAfter(r *runningTask) {
 }
 
 // unreserve returns reserved tasks to their sub-queues' wait lists
-// (queued, queued counter + 1, as store.Handover and the SQLite store
-// have it: also in a paused queue, where resuming counts it again), for
-// the refill. The write is queued; it fails (division by zero) unless it
-// moves every task, so it may go with the COMMIT.
+// (queued, queued counter + 1), or to paused if their queue is paused,
+// as any task entering a paused queue, for the refill. The write is
+// queued; it fails (division by zero) unless it moves every task, so it
+// may go with the COMMIT.
 func (t *txn) unreserve(rs []reservedTask) {
 	var ids []int64
+	var states []string
 	for _, r := range rs {
 		if t.unreserved[r.id] {
 			continue
@@ -94,17 +95,18 @@ func (t *txn) unreserve(rs []reservedTask) {
 			t.unreserved = map[int64]bool{}
 		}
 		t.unreserved[r.id] = true
-		r.sq.queued++
-		r.sq.dirty = true
-		ids = append(ids, r.id)
+		// Queued (counted), or paused if its queue is paused.
+		ids, states = append(ids, r.id), append(states, string(t.enqueueWaiting(r.q, r.sq)))
 	}
 	if len(ids) == 0 {
 		return
 	}
 	t.exec("releasing reserved tasks", `WITH moved AS (
-			UPDATE tasks SET state = 'queued', worker_id = NULL, after_id = NULL WHERE id = ANY($1) AND state = 'reserved' RETURNING id)
+			UPDATE tasks t SET state = v.state, paused_from = CASE WHEN v.state = 'paused' THEN 'queued' END, worker_id = NULL, after_id = NULL
+			FROM unnest($1::bigint[], $3::text[]) AS v(id, state)
+			WHERE t.id = v.id AND t.state = 'reserved' RETURNING t.id)
 		UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $2 THEN 1 ELSE 0 END) WHERE id = 1`,
-		ids, len(ids))
+		ids, len(ids), states)
 }
 
 // handoff is a result's hand-over from task p to its successor s.

@@ -472,43 +472,56 @@ func (t *txn) releaseAfter(id int64) error {
 }
 
 // releaseReserved returns the reserved tasks that match where (a
-// condition on tasks) to their sub-queues' wait lists, for the refill.
+// condition on tasks) to their sub-queues' wait lists, for the refill (or
+// to paused, if their queue is paused).
 func (t *txn) releaseReserved(where string, args ...any) error {
-	return t.moveReserved(`UPDATE tasks SET state = 'queued', worker_id = NULL, after_id = NULL
-		WHERE state = 'reserved' AND `+where+` RETURNING sq`, args, func(sq *sqRow) { sq.queued++ })
+	return t.moveReserved(`UPDATE tasks SET
+			state = CASE WHEN (SELECT paused FROM queues q WHERE q.name = tasks.queue) THEN 'paused' ELSE 'queued' END,
+			paused_from = CASE WHEN (SELECT paused FROM queues q WHERE q.name = tasks.queue) THEN 'queued' END,
+			worker_id = NULL, after_id = NULL
+		WHERE state = 'reserved' AND `+where+` RETURNING sq, state`, args, func(sq *sqRow, state sluice.TaskState) {
+		if state == sluice.StateQueued {
+			sq.queued++
+		}
+	})
 }
 
 // moveReserved runs q, an UPDATE of reserved tasks RETURNING their
-// sub-queue, and applies counted to each one's sub-queue (marked dirty).
-func (t *txn) moveReserved(q string, args []any, counted func(sq *sqRow)) error {
+// sub-queue and new state, and applies counted to each one's sub-queue
+// (marked dirty).
+func (t *txn) moveReserved(q string, args []any, counted func(sq *sqRow, state sluice.TaskState)) error {
 	rows, err := t.tx.QueryContext(t.ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("moving reserved tasks: %w", err)
 	}
-	var sqs []int64
+	type movedRow struct {
+		sq    int64
+		state sluice.TaskState
+	}
+	var moved []movedRow
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var m movedRow
+		if err := rows.Scan(&m.sq, &m.state); err != nil {
 			rows.Close()
 			return err
 		}
-		sqs = append(sqs, id)
+		moved = append(moved, m)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if len(sqs) > 0 {
+	if len(moved) > 0 {
 		if _, err := t.loadEnv(); err != nil {
 			return err
 		}
 	}
-	for _, id := range sqs {
-		sq, err := t.subqueue(id)
+	for _, m := range moved {
+		sq, err := t.subqueue(m.sq)
 		if err != nil {
 			return err
 		}
-		counted(sq)
+		counted(sq, m.state)
 		sq.dirty = true
 	}
 	return nil
@@ -599,7 +612,7 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int
 // the worker's running tasks, giving the slots back.
 func (t *txn) startReserved(workerID string) error {
 	return t.moveReserved(`UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?, timeout_at = NULL, after_id = NULL
-		WHERE state = 'reserved' AND worker_id = ? RETURNING sq`, []any{t.now, workerID}, func(sq *sqRow) {
+		WHERE state = 'reserved' AND worker_id = ? RETURNING sq, state`, []any{t.now, workerID}, func(sq *sqRow, _ sluice.TaskState) {
 		sq.running++
 		t.env.running++
 		t.env.dirty = true

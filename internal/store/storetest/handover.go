@@ -377,3 +377,28 @@ func testHandoverRetried(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.StateReserved, h.state(tasks[2].ID))
 	h.counters()
 }
+
+// A reserved task released while its queue is paused is paused like every
+// waiting task of the queue, and resume returns it to the wait list.
+func testHandoverPausedRelease(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.handoverQueue("q", 1)
+	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	h.handoverWorker("w", 10, "k")
+	run, next := split(h.claim("w", 10))
+	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
+	_, _, err := h.st.SetQueuePaused(h.ctx, "q", true)
+	require.NoError(t, err)
+	acks, _ := h.completeNext("w", ok(run[0]))
+	require.Equal(t, "ok", acks[0].Status)
+	got := h.get(tasks[1].ID)
+	require.Equal(t, sluice.StatePaused, got.State)
+	require.Equal(t, sluice.StateQueued, got.PausedFrom)
+	require.Empty(t, got.WorkerID)
+	h.counters()
+	_, _, err = h.st.SetQueuePaused(h.ctx, "q", false)
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateReady, h.state(tasks[1].ID), "first in line again")
+	require.Equal(t, sluice.StateQueued, h.state(tasks[2].ID))
+	h.counters()
+}

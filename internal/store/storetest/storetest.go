@@ -170,6 +170,7 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverHeartbeat":       testHandoverHeartbeat,
 		"HandoverOff":             testHandoverOff,
 		"HandoverRetried":         testHandoverRetried,
+		"HandoverPausedRelease":   testHandoverPausedRelease,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })
