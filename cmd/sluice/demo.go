@@ -54,7 +54,8 @@ func (a *app) runDemo(ctx context.Context, b sluice.Backend) error {
 	doneBase := map[string]int{}
 	for _, name := range []string{demoLimited, demoTenants} {
 		limit := limits[name]
-		q, err := b.PutQueue(ctx, name, sluice.QueueParams{ConcurrencyLimit: &limit})
+		// The limited queue hands each slot straight to its next task.
+		q, err := b.PutQueue(ctx, name, sluice.QueueParams{ConcurrencyLimit: &limit, Handover: name == demoLimited})
 		if err != nil {
 			return fmt.Errorf("creating queue %s: %w", name, err)
 		}
@@ -67,7 +68,7 @@ func (a *app) runDemo(ctx context.Context, b sluice.Backend) error {
 		doneBase[name] = viewOf(q, 0).done
 	}
 
-	fmt.Fprintf(a.stdout, "demo: queue %s (limit %d): %d sleep tasks of %s–%s\n",
+	fmt.Fprintf(a.stdout, "demo: queue %s (limit %d, handover on): %d sleep tasks of %s–%s\n",
 		demoLimited, demoLimitedLimit, demoLimitedTasks, demoMinSleep, demoMaxSleep)
 	fmt.Fprintf(a.stdout, "demo: queue %s (limit %d per key): %d tenants × %d sleep tasks, concurrency_key tenant-N\n\n",
 		demoTenants, demoTenantsLimit, demoTenantCount, demoPerTenant)
