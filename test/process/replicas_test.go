@@ -2,6 +2,7 @@ package process_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"fmt"
 	"net/http"
@@ -153,13 +154,16 @@ func TestPostgresReplicas(t *testing.T) {
 		if !t.Failed() {
 			return
 		}
-		// What the cluster looked like when the test gave up.
+		// What the cluster looked like when the test gave up (t.Context
+		// has ended by now).
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		for _, name := range []string{"limited", "keyed"} {
-			if q, err := rc.client(1).GetQueue(t.Context(), name); err == nil {
+			if q, err := rc.client(1).GetQueue(cctx, name); err == nil {
 				t.Logf("queue %s: running %d, counts %v", name, q.Running, q.Counts)
 			}
 		}
-		if ws, err := rc.client(1).ListWorkers(t.Context()); err == nil {
+		if ws, err := rc.client(1).ListWorkers(cctx); err == nil {
 			for _, w := range ws {
 				t.Logf("worker %s: running %d, free slots %d", w.Name, w.Running, w.FreeSlots)
 			}
