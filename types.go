@@ -178,8 +178,9 @@ type QueueParams struct {
 	// result (TaskResult.Next), whose transaction passes the slots on.
 	// Only workers that registered with Handover take part. A reserved
 	// task counts as claimed: a pause or a lower limit applies from the
-	// next claim, and a higher-priority task triggered meanwhile waits
-	// behind it. See docs/flow-control.md.
+	// next claim, a higher-priority task triggered meanwhile waits
+	// behind it, and a slot stays with the worker that started its chain
+	// while the queue stays full. See docs/architecture.md, "Handover".
 	Handover bool `json:"handover,omitempty"`
 }
 
