@@ -916,9 +916,11 @@ func (w *Worker) handOver(tr *taskRun) *taskRun {
 	if next == nil {
 		return nil
 	}
-	if w.stopping.Load() {
+	if w.stopping.Load() || w.bp.holding() {
 		// Unstarted at shutdown: hand it back, as the shutdown does with
-		// every unstarted task (unless it got there first).
+		// every unstarted task (unless it got there first). Under
+		// backpressure too: the freed slot goes back through a claim,
+		// which backpressure paces.
 		w.releaseUnstarted(next)
 		return nil
 	}

@@ -108,6 +108,11 @@ func (b *backpressure) piggybackLimit() int {
 	return int(b.limit.Load())
 }
 
+// holding reports whether backpressure holds the claim size down. The
+// worker then lets hand-over chains end instead of starting successors,
+// so a slot a task frees goes back through a claim (S-W3).
+func (b *backpressure) holding() bool { return b.memOn.Load() || b.latOn.Load() }
+
 // sampleIfDue samples when a sample is due, so that an idle worker still
 // reports fresh figures in its heartbeats and recovers its claim size.
 func (b *backpressure) sampleIfDue(now time.Time) {

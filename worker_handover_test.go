@@ -364,3 +364,35 @@ func TestWorkerHandoverLateSuccessorTakesHeldSlot(t *testing.T) {
 		require.Zero(t, f.sameCallHandovers)
 	})
 }
+
+// Under backpressure the worker lets a hand-over chain end: the successor
+// goes back unstarted and the freed slot goes through a claim, which
+// backpressure paces (S-W3).
+func TestWorkerHandoverStopsUnderBackpressure(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.handover = true
+	f.lease, f.interval = 3*time.Hour, time.Hour // no heartbeat samples
+	ids := f.add(2, ClaimedTask{})
+	ran := make(chan int64, 2)
+	w := newTestWorker(f, WorkerConfig{Slots: 1, ClaimBatch: 8, MemoryUsage: func() (float64, error) { return 0.99, nil }})
+	w.bp.every = time.Hour
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran <- tc.ID
+		return nil, nil
+	})
+	// The first claim samples 0.99 (above the 0.8 default): backpressure
+	// holds from then on, for an hour.
+	stop := runWorker(t, w)
+	require.Equal(t, ids[0], <-ran)
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Contains(f.released, ids[1])
+	}, waitFor, tick)
+	require.NoError(t, stop())
+	require.True(t, w.bp.holding())
+	f.locked(func() {
+		require.Zero(t, f.results[ids[0]][0].Next, "no hand-over under backpressure")
+	})
+}
