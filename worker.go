@@ -716,7 +716,9 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 		if ct.After != 0 {
 			pred := w.held[ct.After]
 			switch {
-			case pred == nil || pred.next != nil || pred.handedTo != nil || ct.After == ct.ID:
+			case pred == nil || pred.next != nil || pred.handedTo != nil || ct.After == ct.ID || w.kinds[ct.Kind] == nil:
+				// Late, or not ours to run: the server reserves the head of
+				// the wait list, whatever its kind.
 				release = append(release, ct.ID)
 				late++
 				continue

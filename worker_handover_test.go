@@ -396,3 +396,40 @@ func TestWorkerHandoverStopsUnderBackpressure(t *testing.T) {
 		require.Zero(t, f.results[ids[0]][0].Next, "no hand-over under backpressure")
 	})
 }
+
+// A reserved successor of a kind this worker does not handle is released
+// at once (the server reserves the head of the wait list, whatever its
+// kind), so it neither runs here nor fails.
+func TestWorkerHandoverReleasesUnknownKind(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	answers := make(chan []ClaimedTask, 1)
+	f.claimHook = func(ctx context.Context, p ClaimParams) (*ClaimResult, error) {
+		select {
+		case tasks := <-answers:
+			f.locked(func() { f.leased[tasks[0].ID] = tasks[0].Attempt })
+			return &ClaimResult{Tasks: tasks}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	started, release := make(chan int64, 2), make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		started <- tc.ID
+		<-release
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	answers <- []ClaimedTask{{ID: 1, Kind: "test", Attempt: 1}, {ID: 2, Kind: "other", Attempt: 1, After: 1}}
+	require.Equal(t, int64(1), <-started)
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Contains(f.released, int64(2))
+	}, waitFor, tick)
+	close(release)
+	<-f.resultsReached(1)
+	require.NoError(t, stop())
+	f.locked(func() { require.Zero(t, f.results[1][0].Next) })
+}
