@@ -39,6 +39,20 @@ func split(cs []sluice.ClaimedTask) (run []sluice.ClaimedTask, next map[int64]sl
 	return run, next
 }
 
+// handoverChain makes queue q (limit 1, handover) with three tasks and
+// worker w (handover), which claims the first with the second reserved
+// after it.
+func (h *h) handoverChain() (tasks []*sluice.Task, run []sluice.ClaimedTask, next map[int64]sluice.ClaimedTask) {
+	h.t.Helper()
+	h.handoverQueue("q", 1)
+	tasks = h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	h.handoverWorker("w", 10, "k")
+	run, next = split(h.claim("w", 10))
+	require.Len(h.t, run, 1)
+	require.Equal(h.t, tasks[1].ID, next[tasks[0].ID].ID)
+	return tasks, run, next
+}
+
 // completeNext reports results (and claims nothing: Max 0) as a worker
 // does whose handler ends, and returns the acks and reserved successors.
 func (h *h) completeNext(worker string, rs ...sluice.TaskResult) ([]sluice.ResultAck, []sluice.ClaimedTask) {
@@ -339,10 +353,7 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 // list; a hand-over to one is then lost.
 func testHandoverOff(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	h.handoverQueue("q", 1)
-	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	h.handoverWorker("w", 10, "k")
-	run, next := split(h.claim("w", 10))
+	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
 	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
@@ -360,10 +371,7 @@ func testHandoverOff(t *testing.T, ns NewStore) {
 // already, so the hand-over stands ("started"), and nothing moves again.
 func testHandoverRetried(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	h.handoverQueue("q", 1)
-	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	h.handoverWorker("w", 10, "k")
-	run, next := split(h.claim("w", 10))
+	tasks, run, next := h.handoverChain()
 	p, s := run[0], next[run[0].ID]
 	acks, more := h.completeNext("w", withNext(ok(p), s.ID))
 	require.Equal(t, "started", acks[0].Next)
@@ -382,10 +390,7 @@ func testHandoverRetried(t *testing.T, ns NewStore) {
 // waiting task of the queue, and resume returns it to the wait list.
 func testHandoverPausedRelease(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
-	h.handoverQueue("q", 1)
-	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	h.handoverWorker("w", 10, "k")
-	run, next := split(h.claim("w", 10))
+	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
 	_, _, err := h.st.SetQueuePaused(h.ctx, "q", true)
 	require.NoError(t, err)
