@@ -300,13 +300,11 @@ type taskRun struct {
 	// slot; read by the completer once the result is queued.
 	pred       *taskRun      // the run whose slot this one took
 	predQueued chan struct{} // closed once pred's result is queued (or dropped)
-	// Set before the result is queued; read (and cleared) by the completer.
-	handedTo *taskRun // the successor started on this run's slot (result.Next)
 
 	// Guarded by Worker.mu. acked: a complete call that carried this
 	// result returned. inCall: the completer took the result into a
-	// call. succ: the run this one handed its slot to, until this one's
-	// call returns. slotHeld: the handler ended with no successor while
+	// call. succ: the run this one handed its slot to (result.Next),
+	// until the call carrying this one's result returns. slotHeld: the handler ended with no successor while
 	// the call that may bring one (its predecessor's) was in flight: the
 	// slot stays taken until that call returns, for a successor that
 	// comes with its answer.
@@ -716,7 +714,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 		if ct.After != 0 {
 			pred := w.held[ct.After]
 			switch {
-			case pred == nil || pred.next != nil || pred.handedTo != nil || ct.After == ct.ID || w.kinds[ct.Kind] == nil:
+			case pred == nil || pred.next != nil || pred.succ != nil || ct.After == ct.ID || w.kinds[ct.Kind] == nil:
 				// Late, or not ours to run: the server reserves the head of
 				// the wait list, whatever its kind.
 				release = append(release, ct.ID)
@@ -730,7 +728,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 				// that result and start it now on pred's slot: the
 				// server passes it pred's slots when it records that
 				// result.
-				pred.result.Next, pred.handedTo, pred.succ, tr.pred = ct.ID, tr, tr, pred
+				pred.result.Next, pred.succ, tr.pred = ct.ID, tr, pred
 				pred.slotHeld = false
 				tr.state.Store(stRunning)
 				lateStart = append(lateStart, tr)
@@ -751,7 +749,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 	}
 	w.mu.Unlock()
 	if late > 0 {
-		w.log.Debug("releasing reserved successors whose predecessor ended or is not held", "count", late)
+		w.log.Debug("releasing reserved successors whose predecessor ended or is not held, or of a kind not handled here", "count", late)
 	}
 	if len(release) > 0 {
 		w.releaseNow(release)
@@ -940,7 +938,6 @@ func (w *Worker) handOver(tr *taskRun) *taskRun {
 		return nil // lost or released meanwhile
 	}
 	tr.result.Next = next.tc.ID
-	tr.handedTo = next
 	w.mu.Lock()
 	tr.succ = next
 	w.mu.Unlock()
@@ -1378,24 +1375,23 @@ func (w *Worker) settleHandovers(sent []*taskRun, acks []ResultAck) {
 			lost[a.TaskID] = true
 		}
 	}
+	if lost == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	for _, tr := range sent {
-		next := tr.handedTo
-		if next == nil {
-			continue
-		}
-		tr.handedTo = nil
-		if !lost[tr.tc.ID] {
+		next := tr.succ // cleared only once this call has returned (releaseHeld)
+		if next == nil || !lost[tr.tc.ID] {
 			continue
 		}
 		w.log.Warn("the server did not start the successor handed this task's slot; stopped it and dropped its result",
 			"task_id", tr.tc.ID, "next", next.tc.ID)
-		w.mu.Lock()
 		next.state.Store(stLost)
 		next.cancel(errLeaseLost)
 		if w.held[next.tc.ID] == next {
 			delete(w.held, next.tc.ID)
 		}
-		w.mu.Unlock()
 	}
 }
 

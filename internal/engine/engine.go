@@ -620,7 +620,12 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		return nil, err
 	}
 	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
-	started := len(startedNow(tasks))
+	started := 0 // tasks to run now, not reserved successors
+	for _, t := range tasks {
+		if t.After == 0 {
+			started++
+		}
+	}
 	for _, a := range acks {
 		if a.Next == "started" {
 			e.metrics.handovers.Inc()

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/pgtest"
 	"github.com/sluice-dev/sluice/internal/store/postgres"
+	"github.com/sluice-dev/sluice/internal/store/storetest"
 )
 
 // Handover on PostgreSQL: what the conformance cases (storetest) cannot
@@ -108,18 +109,6 @@ func done(c sluice.ClaimedTask, next int64) sluice.TaskResult {
 	return sluice.TaskResult{TaskID: c.ID, Attempt: c.Attempt, Output: []byte(`{}`), Next: next}
 }
 
-func splitNext(cs []sluice.ClaimedTask) (run []sluice.ClaimedTask, next map[int64]sluice.ClaimedTask) {
-	next = map[int64]sluice.ClaimedTask{}
-	for _, c := range cs {
-		if c.After != 0 {
-			next[c.After] = c
-		} else {
-			run = append(run, c)
-		}
-	}
-	return run, next
-}
-
 // Without handover — a worker without it, or a worker with it while no
 // queue has handover on — a claim and a completion take the round trips
 // they took before handover existed. A queue with handover on costs a
@@ -173,7 +162,7 @@ func TestPostgresHandoverRoundTrips(t *testing.T) {
 	// The hq task is claimed with its successor: one more round trip.
 	require.EqualValues(t, 3, h.trips(func() { got, err = h.st.Claim(h.ctx, "new", 10, 30*time.Second, 0) }))
 	require.NoError(t, err)
-	run, next := splitNext(got)
+	run, next := storetest.SplitReserved(got)
 	require.Len(t, run, 2) // the plain queue's and hq's
 	require.Len(t, next, 1)
 	p := run[0]
@@ -208,7 +197,7 @@ func TestPostgresHandoverCompleteClaim(t *testing.T) {
 	h.worker("w", true, "hq")
 	got, err := h.st.Claim(h.ctx, "w", 10, 30*time.Second, 1)
 	require.NoError(t, err)
-	run, next := splitNext(got)
+	run, next := storetest.SplitReserved(got)
 	require.Equal(t, []int64{ids[0], ids[1]}, []int64{run[0].ID, run[1].ID})
 	require.Equal(t, ids[2], next[ids[0]].ID)
 	require.Equal(t, ids[3], next[ids[1]].ID)

@@ -528,31 +528,33 @@ func (t *txn) moveReserved(q string, args []any, counted func(sq *sqRow, state s
 }
 
 // handOver moves task next, reserved for the worker after task prev, to
-// running in the slots prev released, and reports whether it did.
-func (t *txn) handOver(workerID string, prev, next int64) (bool, error) {
+// running in the slots prev released, and returns it (its id, queue and
+// key), or nil if it was not reserved so.
+func (t *txn) handOver(workerID string, prev, next int64) (*sluice.ClaimedTask, error) {
 	var sqID int64
+	c := &sluice.ClaimedTask{ID: next}
 	err := t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?,
 		timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END, after_id = NULL
-		WHERE id = ? AND state = 'reserved' AND worker_id = ? AND after_id = ? RETURNING sq`,
-		t.now, t.now+store.TimeoutGrace.Microseconds(), next, workerID, prev).Scan(&sqID)
+		WHERE id = ? AND state = 'reserved' AND worker_id = ? AND after_id = ? RETURNING sq, queue, ckey`,
+		t.now, t.now+store.TimeoutGrace.Microseconds(), next, workerID, prev).Scan(&sqID, &c.Queue, &c.ConcurrencyKey)
 	if err == sql.ErrNoRows {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("handing over to task %d: %w", next, err)
+		return nil, fmt.Errorf("handing over to task %d: %w", next, err)
 	}
 	if _, err := t.loadEnv(); err != nil {
-		return false, err
+		return nil, err
 	}
 	sq, err := t.subqueue(sqID)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	// The slots prev released, which no refill has seen free.
 	sq.running++
 	t.env.running++
 	sq.dirty, t.env.dirty = true, true
-	return true, nil
+	return c, nil
 }
 
 // reserveAfter reserves for the worker a successor of each of the tasks

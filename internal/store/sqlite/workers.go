@@ -121,12 +121,7 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 	var out []sluice.ClaimedTask
 	err := s.tx(ctx, func(tx *wtx) error {
 		var err error
-		var handover bool
-		out, handover, err = s.claim(ctx, tx, workerID, limit, lease, seq)
-		if err != nil || !handover || len(out) == 0 {
-			return err
-		}
-		out, err = s.reserveFor(ctx, tx, workerID, out, seq, lease)
+		out, err = s.claim(ctx, tx, workerID, limit, lease, seq)
 		return err
 	})
 	if err != nil {
@@ -147,15 +142,21 @@ func (s *Store) reserveFor(ctx context.Context, tx *wtx, workerID string, tasks 
 	return append(tasks, next...), err
 }
 
-// claim is the body of Claim, in tx.
-func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, bool, error) {
+// claim is the body of Claim, in tx. For a worker with handover, the
+// tasks it hands out are followed by the successors reserved for them
+// (reserveFor).
+func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	var handover bool
-	out, err := s.claimFor(ctx, tx, workerID, limit, lease, seq, &handover)
-	return out, handover, err
+	out, err := s.claimReady(ctx, tx, workerID, limit, lease, seq, &handover)
+	if err != nil || !handover || len(out) == 0 {
+		return out, err
+	}
+	return s.reserveFor(ctx, tx, workerID, out, seq, lease)
 }
 
-// claimFor is claim; it sets *handover to the worker's handover flag.
-func (s *Store) claimFor(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64, handover *bool) ([]sluice.ClaimedTask, error) {
+// claimReady leases ready tasks: claim without the reservations; it sets
+// *handover to the worker's handover flag.
+func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64, handover *bool) ([]sluice.ClaimedTask, error) {
 	var out []sluice.ClaimedTask
 	now := s.now()
 	leaseUntil := now.Add(lease)
@@ -307,15 +308,10 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 				return nil
 			}
 		}
-		var handover bool
-		claimed, handover, err = s.claim(ctx, tx, workerID, limit, lease, seq)
+		claimed, err = s.claim(ctx, tx, workerID, limit, lease, seq)
 		if errors.Is(err, sluice.ErrNotFound) {
 			claimed, err = nil, nil // the results stand (acknowledged stale)
 		}
-		if err != nil || !handover || len(claimed) == 0 {
-			return err
-		}
-		claimed, err = s.reserveFor(ctx, tx, workerID, claimed, seq, lease)
 		return err
 	})
 	if err != nil {
@@ -398,19 +394,15 @@ func (t *txn) handOverAck(workerID string, r sluice.TaskResult, ack *sluice.Resu
 	if r.Next == 0 {
 		return handed, nil
 	}
-	ok, err := t.handOver(workerID, r.TaskID, r.Next)
+	c, err := t.handOver(workerID, r.TaskID, r.Next)
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
+	if c == nil {
 		return handed, t.releaseAfter(r.TaskID)
 	}
 	ack.Next = "started"
-	var c sluice.ClaimedTask
-	if err := t.tx.QueryRowContext(t.ctx, `SELECT id, queue, ckey FROM tasks WHERE id = ?`, r.Next).Scan(&c.ID, &c.Queue, &c.ConcurrencyKey); err != nil {
-		return nil, err
-	}
-	return append(handed, c), nil
+	return append(handed, *c), nil
 }
 
 // Heartbeat extends a worker's lease; see store.Store.

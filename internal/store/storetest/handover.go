@@ -26,8 +26,10 @@ func (h *h) handoverWorker(id string, slots int, kinds ...string) {
 	require.NoError(h.t, h.st.RegisterWorker(h.ctx, store.Worker{ID: id, Name: id, Kinds: kinds, Slots: slots, Lease: 30 * time.Second, Handover: true}))
 }
 
-// split separates tasks to run now from reserved successors (by After).
-func split(cs []sluice.ClaimedTask) (run []sluice.ClaimedTask, next map[int64]sluice.ClaimedTask) {
+// SplitReserved separates the tasks a claim hands out to run now from
+// the reserved successors that follow them, keyed by the task they follow
+// (ClaimedTask.After).
+func SplitReserved(cs []sluice.ClaimedTask) (run []sluice.ClaimedTask, next map[int64]sluice.ClaimedTask) {
 	next = map[int64]sluice.ClaimedTask{}
 	for _, c := range cs {
 		if c.After != 0 {
@@ -47,7 +49,7 @@ func (h *h) handoverChain() (tasks []*sluice.Task, run []sluice.ClaimedTask, nex
 	h.handoverQueue("q", 1)
 	tasks = h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	h.handoverWorker("w", 10, "k")
-	run, next = split(h.claim("w", 10))
+	run, next = SplitReserved(h.claim("w", 10))
 	require.Len(h.t, run, 1)
 	require.Equal(h.t, tasks[1].ID, next[tasks[0].ID].ID)
 	return tasks, run, next
@@ -81,7 +83,7 @@ func testHandoverPassesSlot(t *testing.T, ns NewStore) {
 	h.handoverWorker("w", 10, "k")
 	got, err := h.st.Claim(h.ctx, "w", 10, 30*time.Second, 7)
 	require.NoError(t, err)
-	run, next := split(got)
+	run, next := SplitReserved(got)
 	require.Equal(t, taskIDs(tasks[:2]), ids(run), "only the ready tasks run now")
 	require.Len(t, next, 2, "one successor per task handed out")
 	// The wait list's head (priority, then oldest) follows the first task.
@@ -162,12 +164,12 @@ func testHandoverOptIn(t *testing.T, ns NewStore) {
 	}
 	h.worker("old", 10, "b")
 	got := h.claim("old", 10)
-	_, next := split(got)
+	_, next := SplitReserved(got)
 	require.Len(t, got, 1)
 	require.Empty(t, next, "a worker without handover gets no reserved task")
 	h.handoverWorker("w", 10, "a", "c")
 	got = h.claim("w", 10)
-	_, next = split(got)
+	_, next = SplitReserved(got)
 	require.Len(t, got, 4, "one of plain, three of free")
 	require.Empty(t, next, "neither a queue without handover nor an unlimited one reserves")
 	h.counters()
@@ -186,7 +188,7 @@ func testHandoverReleases(t *testing.T, ns NewStore) {
 	h.handoverWorker("w", 10, "k")
 	claimOne := func() (sluice.ClaimedTask, sluice.ClaimedTask) {
 		t.Helper()
-		run, next := split(h.claim("w", 10))
+		run, next := SplitReserved(h.claim("w", 10))
 		require.Len(t, run, 1)
 		require.Len(t, next, 1)
 		return run[0], next[run[0].ID]
@@ -270,7 +272,7 @@ func testHandoverPauseCancel(t *testing.T, ns NewStore) {
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second},
 		store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	h.handoverWorker("w", 10, "k")
-	run, next := split(h.claim("w", 10))
+	run, next := SplitReserved(h.claim("w", 10))
 	p, s := run[0], next[run[0].ID]
 	require.Equal(t, tasks[1].ID, s.ID)
 	h.tick(2 * time.Second)
@@ -291,11 +293,11 @@ func testHandoverPauseCancel(t *testing.T, ns NewStore) {
 
 	// Cancel a reserved task: at once; its hand-over is then lost and
 	// the freed slot goes to the next task.
-	run, next = split(h.claim("w", 10))
+	run, next = SplitReserved(h.claim("w", 10))
 	require.Empty(t, run, "the slot is held by the running successor")
 	_, more = h.completeNext("w", ok(asRunning(s)))
 	require.Empty(t, more)
-	run, next = split(h.claim("w", 10))
+	run, next = SplitReserved(h.claim("w", 10))
 	require.Equal(t, []int64{tasks[2].ID}, ids(run))
 	s2 := next[tasks[2].ID]
 	require.Equal(t, tasks[3].ID, s2.ID)
@@ -320,7 +322,7 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	h.handoverWorker("w", 10, "k")
 	got, err := h.st.Claim(h.ctx, "w", 10, 30*time.Second, 1)
 	require.NoError(t, err)
-	run, next := split(got)
+	run, next := SplitReserved(got)
 	p, s := run[0], next[run[0].ID]
 	lost, _, orphans, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: []int64{p.ID, s.ID}, ClaimsSettled: 1}, 30*time.Second)
 	require.NoError(t, err)
@@ -338,7 +340,7 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	h.handoverWorker("w2", 10, "k")
 	_, err = h.st.Release(h.ctx, "w", []int64{p.ID})
 	require.NoError(t, err)
-	run, next = split(h.claim("w2", 10))
+	run, next = SplitReserved(h.claim("w2", 10))
 	require.Len(t, run, 1)
 	require.Len(t, next, 1)
 	_, err = h.st.DeregisterWorker(h.ctx, "w2", noBackoff)
