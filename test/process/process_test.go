@@ -169,7 +169,7 @@ func freePort(t *testing.T) int {
 }
 
 // poll calls cond every interval until it returns true or timeout passes.
-func poll(t *testing.T, timeout, interval time.Duration, what string, cond func() bool) {
+func poll(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(interval)
@@ -180,6 +180,47 @@ func poll(t *testing.T, timeout, interval time.Duration, what string, cond func(
 		}
 		<-tick.C
 	}
+}
+
+// failures keeps a test's failure messages and says them again after
+// every other cleanup (the process logs dumped on failure are long), so
+// the last lines of a failed run, which are what a truncated CI log
+// keeps, say what failed. Create it first, then pass it where t would
+// go: to require and poll.
+type failures struct {
+	*testing.T
+	mu   sync.Mutex
+	msgs []string
+}
+
+func recordFailures(t *testing.T) *failures {
+	f := &failures{T: t}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, m := range f.msgs {
+			t.Logf("FAILED (again, after the logs): %s", m)
+		}
+	})
+	return f
+}
+
+func (f *failures) record(format string, args ...any) {
+	f.mu.Lock()
+	f.msgs = append(f.msgs, fmt.Sprintf(format, args...))
+	f.mu.Unlock()
+}
+
+func (f *failures) Errorf(format string, args ...any) {
+	f.T.Helper()
+	f.record(format, args...)
+	f.T.Errorf(format, args...)
+}
+
+func (f *failures) Fatalf(format string, args ...any) {
+	f.T.Helper()
+	f.record(format, args...)
+	f.T.Fatalf(format, args...)
 }
 
 // TestKillWorker runs a server and two worker processes, SIGKILLs one

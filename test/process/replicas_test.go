@@ -100,6 +100,7 @@ func (rc *replicaCluster) scrape(i int, name string) (float64, bool) {
 func TestPostgresReplicasHandover(t *testing.T) { TestPostgresReplicas(t) }
 
 func TestPostgresReplicas(t *testing.T) {
+	rt := recordFailures(t) // first: its cleanup runs last
 	const (
 		lease         = 3 * time.Second
 		sweepInterval = 200 * time.Millisecond
@@ -115,9 +116,9 @@ func TestPostgresReplicas(t *testing.T) {
 	lim, one := limited, 1
 	handover := strings.Contains(t.Name(), "Handover")
 	_, err := c.PutQueue(ctx, "limited", sluice.QueueParams{ConcurrencyLimit: &lim, Handover: handover})
-	require.NoError(t, err)
+	require.NoError(rt, err)
 	_, err = c.PutQueue(ctx, "keyed", sluice.QueueParams{ConcurrencyLimit: &one, Handover: handover})
-	require.NoError(t, err)
+	require.NoError(rt, err)
 
 	// Each worker lists every replica, starting with a different one.
 	workers := map[string]*proc{}
@@ -126,7 +127,7 @@ func TestPostgresReplicas(t *testing.T) {
 		workers[name] = start(t, name, "worker", "--server", strings.Join(urls, ","), "--token", rc.worker,
 			"--slots", "8", "--kinds", "sleep", "--name", name)
 	}
-	poll(t, 30*time.Second, 20*time.Millisecond, "workers to register", func() bool {
+	poll(rt, 30*time.Second, 20*time.Millisecond, "workers to register", func() bool {
 		ws, err := c.ListWorkers(ctx)
 		return err == nil && len(ws) == 3
 	})
@@ -141,7 +142,7 @@ func TestPostgresReplicas(t *testing.T) {
 				sluice.TriggerParams{Kind: "sleep", Queue: "keyed", ConcurrencyKey: fmt.Sprintf("k%d", j%keys), Input: []byte(d), MaxAttempts: 5})
 		}
 		_, err := rc.client(i).TriggerBatch(ctx, sluice.TriggerBatchParams{Tasks: ps})
-		require.NoError(t, err)
+		require.NoError(rt, err)
 	}
 	total := 2 * perQueue
 
@@ -169,7 +170,7 @@ func TestPostgresReplicas(t *testing.T) {
 			}
 		}
 	})
-	poll(t, 60*time.Second, 10*time.Millisecond, "the run to be under way", func() bool {
+	poll(rt, 60*time.Second, 10*time.Millisecond, "the run to be under way", func() bool {
 		q, err := c.GetQueue(ctx, "limited")
 		if err != nil || q.Counts[sluice.StateSucceeded] < 30 {
 			return false
@@ -200,9 +201,9 @@ func TestPostgresReplicas(t *testing.T) {
 	s1, ok1 := rc.scrape(1, "sluice_sweeps_total")
 	s2, ok2 := rc.scrape(2, "sluice_sweeps_total")
 	windowStart := time.Now()
-	require.True(t, ok1 && ok2, "sweeps metric")
+	require.True(rt, ok1 && ok2, "sweeps metric")
 
-	poll(t, 120*time.Second, 100*time.Millisecond, "every task to finish", func() bool {
+	poll(rt, 120*time.Second, 100*time.Millisecond, "every task to finish", func() bool {
 		n := 0
 		for _, q := range []string{"limited", "keyed"} {
 			qq, err := c.GetQueue(ctx, q)
@@ -221,13 +222,13 @@ func TestPostgresReplicas(t *testing.T) {
 	window := time.Since(windowStart)
 	l1, _ := rc.scrape(1, "sluice_leader")
 	l2, _ := rc.scrape(2, "sluice_leader")
-	require.Equal(t, 1.0, l1+l2, "exactly one surviving server leads")
+	require.Equal(rt, 1.0, l1+l2, "exactly one surviving server leads")
 	sweeps := (e1 - s1) + (e2 - s2)
 	periods := float64(window) / float64(sweepInterval)
 	t.Logf("%.0f sweeps over %s (%.1f periods of %s) across the survivors", sweeps, window.Round(time.Millisecond), periods, sweepInterval)
 	// Once per period, not once per server per period (allow the hand-over
 	// after the kill and the ticker's edges).
-	require.LessOrEqual(t, sweeps, periods+3, "the sweeper ran on more than one server at a time")
+	require.LessOrEqual(rt, sweeps, periods+3, "the sweeper ran on more than one server at a time")
 
 	// Check every task from its attempts.
 	var all []ledger.Interval
@@ -237,15 +238,15 @@ func TestPostgresReplicas(t *testing.T) {
 	seen := 0
 	for {
 		p, err := c.ListTasks(ctx, page)
-		require.NoError(t, err)
+		require.NoError(rt, err)
 		for _, lt := range p.Tasks {
 			task, err := c.GetTask(ctx, lt.ID)
-			require.NoError(t, err)
+			require.NoError(rt, err)
 			seen++
-			require.Equal(t, sluice.StateSucceeded, task.State, "task %d: %s", task.ID, task.Error)
+			require.Equal(rt, sluice.StateSucceeded, task.State, "task %d: %s", task.ID, task.Error)
 			succeeded := 0
 			for _, a := range task.Attempts {
-				require.NotNil(t, a.FinishedAt)
+				require.NotNil(rt, a.FinishedAt)
 				iv := ledger.Interval{Start: a.StartedAt, End: *a.FinishedAt, Label: fmt.Sprintf("task %d attempt %d", task.ID, a.Attempt)}
 				all = append(all, iv)
 				sub := task.Queue
@@ -257,23 +258,23 @@ func TestPostgresReplicas(t *testing.T) {
 				case sluice.StateSucceeded:
 					succeeded++
 				case sluice.StateFailed:
-					require.True(t, strings.HasPrefix(a.Error, "lease expired") || strings.Contains(a.Error, "deregistered"), "task %d: unexpected failure %q", task.ID, a.Error)
-					require.True(t, a.FinishedAt.After(killedAt.Add(-time.Second)), "task %d: failed before the kill", task.ID)
+					require.True(rt, strings.HasPrefix(a.Error, "lease expired") || strings.Contains(a.Error, "deregistered"), "task %d: unexpected failure %q", task.ID, a.Error)
+					require.True(rt, a.FinishedAt.After(killedAt.Add(-time.Second)), "task %d: failed before the kill", task.ID)
 					recovered++
 				}
 			}
-			require.Equal(t, 1, succeeded, "task %d succeeded %d times", task.ID, succeeded)
+			require.Equal(rt, 1, succeeded, "task %d succeeded %d times", task.ID, succeeded)
 		}
 		if p.Next == "" {
 			break
 		}
 		page.After = p.Next
 	}
-	require.Equal(t, total, seen, "tasks lost")
-	require.Positive(t, recovered, "no task of the killed worker was recovered")
+	require.Equal(rt, total, seen, "tasks lost")
+	require.Positive(rt, recovered, "no task of the killed worker was recovered")
 
 	n, at := ledger.MaxOverlapHalfOpen(all)
-	require.LessOrEqual(t, n, envLimit, "environment limit exceeded at %s", at)
+	require.LessOrEqual(rt, n, envLimit, "environment limit exceeded at %s", at)
 	subs := make([]string, 0, len(perKey))
 	for s := range perKey {
 		subs = append(subs, s)
@@ -285,14 +286,14 @@ func TestPostgresReplicas(t *testing.T) {
 			limit = limited
 		}
 		n, at := ledger.MaxOverlapHalfOpen(perKey[s])
-		require.LessOrEqual(t, n, limit, "sub-queue %s: %d attempts at once at %s (limit %d)", s, n, at, limit)
+		require.LessOrEqual(rt, n, limit, "sub-queue %s: %d attempts at once at %s (limit %d)", s, n, at, limit)
 	}
 	t.Logf("%d tasks, %d recovered attempts; at most %d running cluster-wide", seen, recovered, n)
 	if handover {
 		h1, _ := rc.scrape(1, "sluice_handovers_total")
 		h2, _ := rc.scrape(2, "sluice_handovers_total")
 		t.Logf("%.0f hand-overs on the surviving replicas", h1+h2)
-		require.Positive(t, h1+h2, "no task was handed over")
+		require.Positive(rt, h1+h2, "no task was handed over")
 	}
 }
 
