@@ -40,6 +40,7 @@ type Result struct {
 	LimitedSecondsVis    *float64 `json:"limited_seconds_visible,omitempty"`
 	LimitedPctOfIdeal    *float64 `json:"limited_pct_of_ideal,omitempty"`
 	LimitedMaxConcurrent *int     `json:"limited_max_concurrent,omitempty"`
+	LimitedMeanSleepMS   *float64 `json:"limited_mean_sleep_ms,omitempty"` // the jobs' own sleeps
 
 	// (c) latency at a steady insert rate.
 	LatencyRate          int      `json:"latency_rate,omitempty"`
@@ -223,8 +224,8 @@ func printText(w io.Writer, r *Result, c *config) {
 			r.NoopTasks, *r.NoopTasksPerSec, *r.NoopSeconds, *r.NoopTasksPerSecVis, *r.NoopFetches, *r.NoopInsertPerSec)
 	}
 	if r.LimitedSeconds != nil {
-		p("(b) limited: %d jobs of %s on MaxWorkers %d: %.2fs (ideal %.2fs) = %.1f%% of ideal; %.2fs until all completions visible; max concurrent %d",
-			r.LimitedTasks, c.jobSleep, r.LimitedWorkers, *r.LimitedSeconds, *r.LimitedIdealSeconds, *r.LimitedPctOfIdeal, *r.LimitedSecondsVis, *r.LimitedMaxConcurrent)
+		p("(b) limited: %d jobs of %s on MaxWorkers %d: %.2fs (ideal %.2fs) = %.1f%% of ideal; %.2fs until all completions visible; max concurrent %d; jobs' mean sleep %.2fms",
+			r.LimitedTasks, c.jobSleep, r.LimitedWorkers, *r.LimitedSeconds, *r.LimitedIdealSeconds, *r.LimitedPctOfIdeal, *r.LimitedSecondsVis, *r.LimitedMaxConcurrent, *r.LimitedMeanSleepMS)
 	}
 	if r.StartP50 != nil {
 		p("(c) latency: %d jobs at %d/s (achieved %.0f/s): start p50 %.2fms p99 %.2fms; completion visible p50 %.2fms p99 %.2fms (completed event p50 %.2fms p99 %.2fms); end to end p50 %.2fms p99 %.2fms; Insert p50 %.2fms p99 %.2fms",

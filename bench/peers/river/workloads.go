@@ -38,6 +38,7 @@ type sleepWorker struct {
 	river.WorkerDefaults[sleepArgs]
 	d                time.Duration
 	running, maxSeen atomic.Int64
+	slept, jobs      atomic.Int64 // the jobs' own sleeps, in ns, and how many
 }
 
 func (w *sleepWorker) Work(ctx context.Context, _ *river.Job[sleepArgs]) error {
@@ -49,14 +50,13 @@ func (w *sleepWorker) Work(ctx context.Context, _ *river.Job[sleepArgs]) error {
 			break
 		}
 	}
-	t := time.NewTimer(w.d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	start := time.Now()
+	if !sleepUntil(ctx, start.Add(w.d)) {
 		return ctx.Err()
 	}
+	w.slept.Add(int64(time.Since(start)))
+	w.jobs.Add(1)
+	return nil
 }
 
 // latencyArgs is the job of the latency workload.
@@ -274,8 +274,9 @@ func (b *bench) runLimited(ctx context.Context, res *Result) error {
 	res.LimitedSecondsVis = ptr(round(drainedAt.Sub(s.firstStart).Seconds(), 3))
 	res.LimitedPctOfIdeal = ptr(round(100*ideal.Seconds()/secs, 1))
 	res.LimitedMaxConcurrent = ptr(int(w.maxSeen.Load()))
-	b.logf("  %.2fs (ideal %.2fs): %.1f%% of ideal; %.2fs until all visible; %d fetches; at most %d jobs ran at once",
-		secs, ideal.Seconds(), *res.LimitedPctOfIdeal, *res.LimitedSecondsVis, s.fetches, w.maxSeen.Load())
+	res.LimitedMeanSleepMS = ptr(round(float64(w.slept.Load())/float64(max(w.jobs.Load(), 1))/1e6, 3))
+	b.logf("  %.2fs (ideal %.2fs): %.1f%% of ideal; %.2fs until all visible; %d fetches; at most %d jobs ran at once; jobs' mean sleep %.2fms",
+		secs, ideal.Seconds(), *res.LimitedPctOfIdeal, *res.LimitedSecondsVis, s.fetches, w.maxSeen.Load(), *res.LimitedMeanSleepMS)
 	return nil
 }
 
