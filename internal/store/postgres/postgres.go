@@ -72,6 +72,11 @@ type Store struct {
 	// tracer, if set (tests), traces the pool's statements.
 	tracer pgx.QueryTracer
 
+	// genericPlans: write transactions plan their statements once per
+	// connection (plan_cache_mode = force_generic_plan, set locally),
+	// unless the URL chose a plan_cache_mode.
+	genericPlans bool
+
 	// closed ends Listen loops and leaderships when the store closes.
 	closed    context.Context
 	closeFn   context.CancelFunc
@@ -92,7 +97,9 @@ func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
 // "postgresql://…", any libpq keyword or URL form pgx accepts). Runtime
 // parameters ride in the URL: search_path=myschema puts sluice's tables in
 // that schema; pool_max_conns sizes the pool (default max(4, CPUs));
-// idle_in_transaction_session_timeout defaults to 15s (see below).
+// idle_in_transaction_session_timeout defaults to 15s (see below);
+// plan_cache_mode, if given, replaces the store's choice of generic plans
+// in write transactions (setGenericPlans) for every statement.
 func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -110,7 +117,8 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 			cfg.ConnConfig.RuntimeParams[k] = v
 		}
 	}
-	s := &Store{connCfg: cfg.ConnConfig.Copy(), log: slog.Default(), checkEvery: time.Second}
+	_, planMode := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
+	s := &Store{connCfg: cfg.ConnConfig.Copy(), log: slog.Default(), checkEvery: time.Second, genericPlans: !planMode}
 	for _, o := range opts {
 		o(s)
 	}
@@ -268,6 +276,14 @@ type txn struct {
 	unreserved map[int64]bool
 }
 
+// setGenericPlans makes a write transaction's statements use their
+// generic plans, made once per connection, instead of being planned anew
+// at each execution (0.3–0.8 ms a time for the larger ones on the
+// reference machine): see docs/postgres.md, "Plan caching". The hot
+// statements are written so that their generic plans stay on indexes
+// whatever the table holds (TestPostgresGenericPlans).
+const setGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
+
 const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`
 
 // run runs fn in a write transaction. BEGIN and the env lock go in the
@@ -295,6 +311,9 @@ func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) e
 		}
 	}()
 	t.exec("begin", "begin")
+	if s.genericPlans {
+		t.exec("begin", setGenericPlans)
+	}
 	e := t.env
 	t.b.Queue(envLockSQL).QueryRow(func(r pgx.Row) error {
 		if err := r.Scan(&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr); err != nil {

@@ -32,11 +32,6 @@ func newStore(t *testing.T) store.Store {
 	return st
 }
 
-func TestPostgresConformance(t *testing.T) {
-	pgtest.BaseURL(t)
-	storetest.Run(t, newStore)
-}
-
 // Two replicas on one schema, migrating at once as two servers starting
 // together do.
 func newReplicas(t *testing.T) (store.Store, store.Store) {

@@ -122,7 +122,7 @@ const claimSQL = `WITH c AS (
 	claimed AS (
 		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, worker_id = $4, started_at = $2,
 			timeout_at = CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END, claim_seq = $7
-		FROM c WHERE t.id = c.id
+		WHERE t.id = ANY(ARRAY(SELECT id FROM c))
 		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE id = 1),
 	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
@@ -162,7 +162,7 @@ var promoteClaimSQL = `WITH hd AS MATERIALIZED (
 			started_at = CASE WHEN m.claim THEN $2 ELSE t.started_at END,
 			timeout_at = CASE WHEN m.claim THEN CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END ELSE t.timeout_at END,
 			claim_seq = CASE WHEN m.claim THEN $7 ELSE t.claim_seq END
-		FROM m WHERE t.id = m.id
+		FROM m WHERE t.id = m.id AND t.id = ANY(ARRAY(SELECT id FROM m))
 		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
 			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))

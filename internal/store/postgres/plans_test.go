@@ -1,0 +1,122 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/pgtest"
+	"github.com/sluice-dev/sluice/internal/store/postgres"
+	"github.com/sluice-dev/sluice/internal/store/storetest"
+)
+
+// writeStatements records the statements a store sends in its write
+// transactions (the batches; reads go through Query on their own), with
+// how many parameters each takes.
+type writeStatements struct {
+	mu   sync.Mutex
+	args map[string]int
+}
+
+func (w *writeStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (w *writeStatements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (w *writeStatements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (w *writeStatements) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.args[d.SQL] = len(d.Args)
+}
+func (w *writeStatements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+var (
+	dml     = regexp.MustCompile(`^\s*(?i:select|with|insert|update|delete)\b`)
+	seqScan = regexp.MustCompile(`Seq Scan on (tasks|attempts)\b`)
+)
+
+// The conformance suite, recording every statement its write
+// transactions send; then each of them, prepared in a schema of 20,000
+// tasks, must have a generic plan that reads tasks and attempts through
+// indexes only. Write transactions run on generic plans (planned once per
+// connection, not at each execution), and a generic plan knows neither
+// the batch sizes nor the limits: a join costed for a guessed number of
+// rows became a hash join over a sequential scan of every task (the
+// claim took 16 ms with 10,000 tasks blocked, 27 ms with 100,000).
+func TestPostgresConformance(t *testing.T) {
+	pgtest.BaseURL(t)
+	rec := &writeStatements{args: map[string]int{}}
+	t.Run("suite", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) store.Store {
+			st, err := postgres.Open(context.Background(), pgtest.URL(t), postgres.WithTracer(rec))
+			require.NoError(t, err)
+			t.Cleanup(func() { st.Close() })
+			_, err = st.Migrate(context.Background())
+			require.NoError(t, err)
+			return st
+		})
+	})
+	if t.Failed() {
+		return
+	}
+	t.Run("generic plans", func(t *testing.T) {
+		checkGenericPlans(t, rec.args)
+	})
+}
+
+func checkGenericPlans(t *testing.T, statements map[string]int) {
+	ctx := context.Background()
+	st := open(t, pgtest.URL(t))
+	_, err := st.Migrate(ctx)
+	require.NoError(t, err)
+	conn, err := st.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `INSERT INTO tasks (kind, queue, sq, state, max_attempts, run_at, created_at, worker_id, finished_at)
+		SELECT 'k', 'q', 1 + i % 50, s, 3, 0, 0, CASE WHEN s = 'running' THEN 'w' END, CASE WHEN s = 'succeeded' THEN i END
+		FROM generate_series(1, 20000) AS i, LATERAL (SELECT (ARRAY['succeeded', 'queued', 'ready', 'running'])[1 + i % 4] AS s) x`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state)
+		SELECT id, 1, 'w', 0, 0, 'succeeded' FROM tasks WHERE state = 'succeeded'`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `ANALYZE`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+
+	checked := 0
+	for _, sql := range slices.Sorted(maps.Keys(statements)) {
+		if !dml.MatchString(sql) {
+			continue
+		}
+		_, err := conn.Exec(ctx, "PREPARE generic_plan AS "+sql)
+		require.NoError(t, err, sql)
+		nulls := strings.TrimSuffix(strings.Repeat("NULL, ", statements[sql]), ", ")
+		if nulls != "" {
+			nulls = "(" + nulls + ")"
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE generic_plan"+nulls)
+		require.NoError(t, err, sql)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err, sql)
+		plan := strings.Join(lines, "\n")
+		require.False(t, seqScan.MatchString(plan), "a generic plan reads every task:\n%s\n%s", sql, plan)
+		_, err = conn.Exec(ctx, "DEALLOCATE generic_plan")
+		require.NoError(t, err)
+		checked++
+	}
+	// The suite's write transactions: claims, completions, promotions,
+	// hand-overs, sweeps, queue and task changes.
+	require.Greater(t, checked, 30, fmt.Sprintf("statements checked: %d", checked))
+}
