@@ -504,5 +504,8 @@ func truncate(s string, n int) string {
 // (BenchmarkDecodeCompleteAnswer). FuzzDecodeAnswer checks it decodes
 // whatever encoding/json decodes, to the same value.
 func decodeAnswer(raw []byte, out any) error {
-	return jsonv2.Unmarshal(raw, out, jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true), jsonv2.MatchCaseInsensitiveNames(true), jsonv1.MatchCaseSensitiveDelimiter(true), jsonv1.ParseTimeWithLooseRFC3339(true))
+	return jsonv2.Unmarshal(raw, out, answerOptions)
 }
+
+var answerOptions = jsonv2.JoinOptions(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true),
+	jsonv2.MatchCaseInsensitiveNames(true), jsonv1.MatchCaseSensitiveDelimiter(true), jsonv1.ParseTimeWithLooseRFC3339(true))

@@ -281,7 +281,7 @@ type txn struct {
 // at each execution (0.3–0.8 ms a time for the larger ones on the
 // reference machine): see docs/postgres.md, "Plan caching". The hot
 // statements are written so that their generic plans stay on indexes
-// whatever the table holds (TestPostgresGenericPlans).
+// whatever the table holds (TestPostgresConformance, "generic plans").
 const setGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
 
 const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`

@@ -110,7 +110,10 @@ func (s *Store) Shortfall(ctx context.Context) ([]store.Shortfall, error) {
 // (LATERAL), each reading at most $3 rows whatever waits behind limits,
 // merged in claim order; FOR UPDATE SKIP LOCKED as a backstop (claims
 // already serialise on the env lock). The same statement advances the
-// environment's fair-queueing time and extends the worker's lease.
+// environment's fair-queueing time and extends the worker's lease. The
+// claimed tasks are updated by primary-key array: joined with c, whose
+// size a generic plan does not know, the update hash-joined a sequential
+// scan of every task (docs/postgres.md, "Plan caching").
 const claimSQL = `WITH c AS (
 		SELECT x.id FROM unnest($1::text[]) AS k(kind)
 		CROSS JOIN LATERAL (
@@ -162,7 +165,7 @@ var promoteClaimSQL = `WITH hd AS MATERIALIZED (
 			started_at = CASE WHEN m.claim THEN $2 ELSE t.started_at END,
 			timeout_at = CASE WHEN m.claim THEN CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END ELSE t.timeout_at END,
 			claim_seq = CASE WHEN m.claim THEN $7 ELSE t.claim_seq END
-		FROM m WHERE t.id = m.id AND t.id = ANY(ARRAY(SELECT id FROM m))
+		FROM m WHERE t.id = m.id AND t.id = ANY(ARRAY(SELECT id FROM m)) -- by primary key, as in claimSQL
 		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
 			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))
