@@ -588,7 +588,16 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	// same transaction as its results. Its own long-poll is then not
 	// woken for the tasks just readied: this look took all the worker
 	// could (fewer than asked), or filled the slots it had free.
-	piggyback := p.Claim > 0 && e.disp.mayServe(workerID)
+	//
+	// Under spread the store decides (store.ClaimSpec.Spread): it weighs
+	// every live worker, on every server, by the slots its tasks hold in
+	// the store. The dispatcher's waiting claims carry each worker's own
+	// count, which frees a slot when the handler returns, before the
+	// result lands: by it, a busy worker waiting here looked idler than
+	// the completing one, which then left its freed slots to a second
+	// transaction almost every time (docs/benchmarks.md, "Four workers on
+	// one limited queue").
+	piggyback := p.Claim > 0 && (e.cfg.Dispatch == DispatchSpread || e.disp.mayServe(workerID))
 	var (
 		acks  []sluice.ResultAck
 		o     store.Outcome

@@ -269,9 +269,25 @@ type ClaimSpec struct {
 	Max   int
 	Lease time.Duration
 	Seq   int64 // the worker's number for the claim (see Claim)
-	// Spread claims nothing when another live worker sharing a kind
-	// reported (by its last heartbeat) at least Max free slots: under the
-	// spread policy an idle worker, on whichever server it waits, goes
-	// before a busy one taking its next task with its results.
+	// Spread claims nothing when another live worker sharing a kind goes
+	// first (Yields): under the spread policy an idler worker, on
+	// whichever server it waits, goes before a busier one taking its next
+	// tasks with its results. A worker's free slots are the fewer of what
+	// its last heartbeat reported and its slots less the tasks it holds
+	// running in the store (a handler that returned frees its slot on the
+	// worker before its result lands); the completing worker's are
+	// counted after its results.
 	Spread bool
+}
+
+// Yields reports whether a completing worker with free slots left after
+// its results yields its claim under ClaimSpec.Spread, given the most
+// free slots of another live worker sharing a kind (other) and of one
+// that runs nothing (idle; 0 if none). It yields to a worker with more
+// free slots, and on a tie to one that runs nothing, so an idle worker is
+// not starved by busy ones that each end all they run in one call. A tie
+// with a busy worker does not yield: each yield costs a second
+// transaction for the same freed slots.
+func Yields(free, other, idle int) bool {
+	return other > free || idle > 0 && idle >= free
 }

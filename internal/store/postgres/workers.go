@@ -431,14 +431,14 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 	next := func() []sluice.ClaimedTask { return nil } // successors of the tasks handed over to
 	var o store.Outcome
 	w := &claimer{id: workerID}
-	var otherFree int
+	var otherFree, idleFree int
 	var done *completion
 	var pre *eligibleRead
 	prelude := func(t *txn) {
 		w.prelude(t) // counts the tasks about to end as running here
 		if c.Spread && c.Max > 0 {
-			t.queueQuery("claim", otherFreeSQL, []any{workerID, t.preNow}, func(rows pgx.Rows) error {
-				return rows.Scan(&otherFree)
+			t.queueQuery("claim", otherFreeSQL, []any{workerID, t.preNow, c.Max}, func(rows pgx.Rows) error {
+				return rows.Scan(&otherFree, &idleFree)
 			})
 		}
 		done = t.queueComplete(workerID, results, t.preNow)
@@ -458,7 +458,8 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 				return err
 			}
 		}
-		o.Yielded = c.Spread && otherFree >= limit && limit > 0
+		o.Yielded = c.Spread && limit > 0 && w.found &&
+			store.Yields(w.slots-(w.held+len(done.started)-done.ended), otherFree, idleFree)
 		claim := w.found && limit > 0 && !o.Yielded
 		if claim {
 			// The claim writes the refill's promotions: a task it
@@ -487,11 +488,22 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 	return done.acks, o, append(tasks, next()...), err
 }
 
-// otherFreeSQL reads the most free slots another live worker sharing a
-// kind with worker $1 reported in its last heartbeat.
-const otherFreeSQL = `SELECT coalesce(max(w.free_slots), 0) FROM workers w
-	WHERE w.id <> $1 AND w.lease_expires_at > $2 AND EXISTS (
-		SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = $1 AND b.worker_id = w.id)`
+// otherFreeSQL reads, of the other live workers sharing a kind with
+// worker $1, the most free slots, and the most free slots of one that
+// runs nothing (see yields). A worker's free slots are the fewer of what
+// its last heartbeat reported and its slots less the tasks it holds
+// running here: a worker reports a slot free as soon as its handler
+// returns, while the task holds the slot until its result lands, so by
+// the report alone busy workers looked idle and almost every completion
+// yielded (docs/benchmarks.md, "Four workers on one limited queue"). The
+// count stops once it shows fewer free slots than the claim asks for
+// ($3), reading at most slots − $3 + 1 entries of tasks_running a worker.
+const otherFreeSQL = `SELECT coalesce(max(o.f), 0), coalesce(max(o.f) FILTER (WHERE o.n = 0), 0) FROM (
+		SELECT LEAST(w.free_slots, w.slots - c.n) AS f, c.n FROM workers w CROSS JOIN LATERAL (
+			SELECT count(*) AS n FROM (SELECT 1 FROM tasks t WHERE t.state = 'running' AND t.worker_id = w.id
+				LIMIT GREATEST(w.slots - $3 + 1, 1)) x) c
+		WHERE w.id <> $1 AND w.lease_expires_at > $2 AND w.free_slots > 0 AND EXISTS (
+			SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = $1 AND b.worker_id = w.id)) o`
 
 // completion is a worker's results being ended in a transaction (the
 // body of Complete): queueComplete queues the successes' statement,

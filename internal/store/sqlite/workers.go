@@ -296,14 +296,23 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 			return err
 		}
 		if c.Spread {
-			var otherFree int
-			if err := tx.QueryRowContext(ctx, `SELECT coalesce(max(w.free_slots), 0) FROM workers w
-				WHERE w.id <> ? AND w.lease_expires_at > ? AND EXISTS (
-					SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = ? AND b.worker_id = w.id)`,
-				workerID, us(s.now()), workerID).Scan(&otherFree); err != nil {
+			// Free slots: the fewer of a worker's report and its slots
+			// less the tasks it holds running, the asking worker's after
+			// its results (see the PostgreSQL store's otherFreeSQL).
+			// SQLite's LIMIT cannot name w.slots, so counts are not capped.
+			var free, otherFree, idleFree int
+			err := tx.QueryRowContext(ctx, `SELECT
+					coalesce((SELECT slots - (SELECT count(*) FROM tasks WHERE state = 'running' AND worker_id = ?) FROM workers WHERE id = ?), -1),
+					coalesce(max(o.f), 0), coalesce(max(CASE WHEN o.n = 0 THEN o.f END), 0)
+				FROM (SELECT min(w.free_slots, w.slots - w.n) AS f, w.n FROM (
+					SELECT w.free_slots, w.slots, (SELECT count(*) FROM tasks t WHERE t.state = 'running' AND t.worker_id = w.id) AS n
+					FROM workers w WHERE w.id <> ? AND w.lease_expires_at > ? AND w.free_slots > 0 AND EXISTS (
+						SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = ? AND b.worker_id = w.id)) w) o`,
+				workerID, workerID, workerID, us(s.now()), workerID).Scan(&free, &otherFree, &idleFree)
+			if err != nil {
 				return fmt.Errorf("claim: %w", err)
 			}
-			if otherFree >= limit {
+			if free >= 0 && store.Yields(free, otherFree, idleFree) { // -1: unknown worker (claim says so)
 				o.Yielded = true // an idler worker goes first
 				return nil
 			}

@@ -139,6 +139,7 @@ func Run(t *testing.T, ns NewStore) {
 		"FairRankAcrossKeys":      testFairRank,
 		"WorkerSlots":             testWorkerSlots,
 		"CompleteClaim":           testCompleteClaim,
+		"SpreadWeighsHeldTasks":   testSpreadWeighsHeldTasks,
 		"CompleteClaimPromotes":   testCompleteClaimPromotes,
 		"HeartbeatOrphans":        testHeartbeatOrphans,
 		"RetryReleasesSlot":       testRetryReleasesSlot,
@@ -555,6 +556,70 @@ func testCompleteClaim(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, "stale", acks[0].Status)
 	require.Empty(t, got)
+	h.counters()
+}
+
+// testSpreadWeighsHeldTasks: under ClaimSpec.Spread a worker's free slots
+// are the fewer of its report and its slots less the tasks it holds
+// running; the completing worker's are counted after its results; a
+// completion yields to a worker with more free slots, and on a tie only
+// to one that runs nothing.
+func testSpreadWeighsHeldTasks(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	spread := func(max int) store.ClaimSpec {
+		return store.ClaimSpec{Max: max, Lease: 30 * time.Second, Spread: true}
+	}
+	h.worker("a", 4, "k")
+	h.worker("b", 4, "k")
+	h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"},
+		store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
+	ca := h.claim("a", 2)
+	cb := h.claim("b", 3)
+	require.Len(t, ca, 2)
+	require.Len(t, cb, 3)
+	// b's handlers returned, so it reports every slot free, but its three
+	// tasks hold their slots until their results land: 1 free, against
+	// a's 3 after its result.
+	_, _, _, err := h.st.Heartbeat(h.ctx, "b", sluice.HeartbeatParams{FreeSlots: 4, Held: ids(cb)}, 30*time.Second)
+	require.NoError(t, err)
+	_, o, got, err := h.st.CompleteClaim(h.ctx, "a", []sluice.TaskResult{ok(ca[0])}, noBackoff, spread(3))
+	require.NoError(t, err)
+	require.False(t, o.Yielded, "b only looks idle")
+	require.Len(t, got, 1, "the last ready task")
+	ca = []sluice.ClaimedTask{ca[1], got[0]}
+	h.counters()
+
+	// A tie with a busy worker does not yield: b, after one result, has
+	// 2 free, as a has.
+	more := h.enqueue(store.NewTask{Kind: "k"})
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "b", []sluice.TaskResult{ok(cb[0])}, noBackoff, spread(3))
+	require.NoError(t, err)
+	require.False(t, o.Yielded)
+	require.Equal(t, taskIDs(more), ids(got))
+	cb = []sluice.ClaimedTask{cb[1], cb[2], got[0]}
+
+	// A worker with more free slots goes first: c runs nothing (4 free),
+	// a after one result still runs one (3 free).
+	h.worker("c", 4, "k")
+	more = h.enqueue(store.NewTask{Kind: "k"})
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "a", []sluice.TaskResult{ok(ca[0])}, noBackoff, spread(3))
+	require.NoError(t, err)
+	require.True(t, o.Yielded, "c is idler")
+	require.Empty(t, got)
+	// On a tie, one that runs nothing goes first: a ends all it runs.
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "a", []sluice.TaskResult{ok(ca[1])}, noBackoff, spread(4))
+	require.NoError(t, err)
+	require.True(t, o.Yielded, "c runs nothing")
+	require.Empty(t, got)
+	// Unless it reports no slot free (its own backpressure).
+	_, _, _, err = h.st.Heartbeat(h.ctx, "c", sluice.HeartbeatParams{FreeSlots: 0}, 30*time.Second)
+	require.NoError(t, err)
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "a", nil, noBackoff, spread(4))
+	require.NoError(t, err)
+	require.False(t, o.Yielded)
+	require.Equal(t, taskIDs(more), ids(got))
+	h.complete("a", ok(got[0]))
+	h.complete("b", ok(cb[0]), ok(cb[1]), ok(cb[2]))
 	h.counters()
 }
 
