@@ -490,19 +490,25 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 
 // otherFreeSQL reads, of the other live workers sharing a kind with
 // worker $1, the most free slots, and the most free slots of one that
-// runs nothing (see yields). A worker's free slots are the fewer of what
-// its last heartbeat reported and its slots less the tasks it holds
+// runs nothing (see store.Yields). A worker's free slots are the fewer of
+// what its last heartbeat reported and its slots less the tasks it holds
 // running here: a worker reports a slot free as soon as its handler
 // returns, while the task holds the slot until its result lands, so by
 // the report alone busy workers looked idle and almost every completion
-// yielded (docs/benchmarks.md, "Four workers on one limited queue"). The
-// count stops once it shows fewer free slots than the claim asks for
-// ($3), reading at most slots − $3 + 1 entries of tasks_running a worker.
+// yielded (docs/benchmarks.md, "Four workers on one limited queue").
+//
+// The count stops once it shows fewer free slots than the claim asks for
+// ($3), reading at most slots − $3 + 1 entries of tasks_running a worker,
+// and a worker whose count stopped there is left out: it has fewer free
+// slots than asked, so it does not go first when the completing worker
+// has at least that many left, the usual case; when it has fewer (a claim
+// of its still in flight), the completion does not yield to such a
+// worker. An idle worker's count is always exact.
 const otherFreeSQL = `SELECT coalesce(max(o.f), 0), coalesce(max(o.f) FILTER (WHERE o.n = 0), 0) FROM (
 		SELECT LEAST(w.free_slots, w.slots - c.n) AS f, c.n FROM workers w CROSS JOIN LATERAL (
-			SELECT count(*) AS n FROM (SELECT 1 FROM tasks t WHERE t.state = 'running' AND t.worker_id = w.id
+			SELECT count(*) AS n, GREATEST(w.slots - $3 + 1, 1) AS cap FROM (SELECT 1 FROM tasks t WHERE t.state = 'running' AND t.worker_id = w.id
 				LIMIT GREATEST(w.slots - $3 + 1, 1)) x) c
-		WHERE w.id <> $1 AND w.lease_expires_at > $2 AND w.free_slots > 0 AND EXISTS (
+		WHERE c.n < c.cap AND w.id <> $1 AND w.lease_expires_at > $2 AND w.free_slots > 0 AND EXISTS (
 			SELECT 1 FROM worker_kinds a JOIN worker_kinds b ON b.kind = a.kind WHERE a.worker_id = $1 AND b.worker_id = w.id)) o`
 
 // completion is a worker's results being ended in a transaction (the

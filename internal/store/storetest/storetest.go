@@ -590,9 +590,9 @@ func testSpreadWeighsHeldTasks(t *testing.T, ns NewStore) {
 	h.counters()
 
 	// A tie with a busy worker does not yield: b, after one result, has
-	// 2 free, as a has.
+	// 2 free, as a has (by its two tasks; it reported 4 at registration).
 	more := h.enqueue(store.NewTask{Kind: "k"})
-	_, o, got, err = h.st.CompleteClaim(h.ctx, "b", []sluice.TaskResult{ok(cb[0])}, noBackoff, spread(3))
+	_, o, got, err = h.st.CompleteClaim(h.ctx, "b", []sluice.TaskResult{ok(cb[0])}, noBackoff, spread(2))
 	require.NoError(t, err)
 	require.False(t, o.Yielded)
 	require.Equal(t, taskIDs(more), ids(got))
