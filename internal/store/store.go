@@ -75,6 +75,11 @@ type Worker struct {
 	Handover bool
 }
 
+// HandoverDepth is how many successors a handover chain keeps reserved
+// behind its running task by default, and the most a store supports:
+// the stores read a chain as a task's successor and that one's successor.
+const HandoverDepth = 2
+
 // Handover (sluice.QueueParams.Handover) is part of the store contract:
 //
 //   - Reserve. When a claim (Claim, or the claim of CompleteClaim) hands
@@ -83,16 +88,22 @@ type Worker struct {
 //     limit, as the transaction holds it before its refill), not paused,
 //     and has queued tasks, the head of its wait list
 //     (priority, then oldest) becomes reserved for P: state reserved,
-//     worker_id the worker, after_id P, claim_seq the claim's. One
-//     successor per P at most; it leaves the queued counter and takes no
-//     slot. It is returned among the claimed tasks, after P, with After =
-//     P, Attempt = its next attempt and a zero StartedAt.
+//     worker_id the worker, after_id P, claim_seq the claim's; at depth 2
+//     (SetHandoverDepth, the default) the next task of the wait list
+//     becomes reserved after that one (after_id the first successor), so
+//     a chain P → S1 → S2 keeps two successors behind its running task.
+//     One successor per task at most; each leaves the queued counter and
+//     takes no slot. They are returned among the claimed tasks, after P,
+//     in chain order, with After = the task each follows, Attempt = its
+//     next attempt and a zero StartedAt.
 //   - Hand over. A result for P with Next = S, acknowledged ok, moves S
 //     (if still reserved for this worker after P) to running in the same
 //     transaction: attempt + 1, started_at = the transaction's time,
 //     timeout set, after_id cleared; it takes the slots P released (no
-//     refill sees them free). The ack's Next is "started"; then S gets a
-//     successor of its own by the Reserve rule (sub-queue not over its
+//     refill sees them free). A task reserved after S stays reserved
+//     after S. The ack's Next is "started"; then S's chain is topped up
+//     to the depth by the Reserve rule, after its last reserved task
+//     (sub-queue not over its
 //     limit, queued tasks, not paused, queue handover still on, worker with
 //     Handover), returned with the tasks of CompleteClaim, which does this
 //     even when its ClaimSpec.Max is 0 (no claim). Complete never
@@ -104,11 +115,13 @@ type Worker struct {
 //     worker (a retried call whose first try committed): then "started".
 //   - Release. Whenever P stops running by any other path (a result
 //     without Next or naming another task, a stale result, a timeout,
-//     Release of P), a task reserved after P goes back to queued (queued
-//     counter + 1, worker_id and after_id cleared; paused, from queued,
-//     if its queue is paused) in the same transaction, and the refill may
-//     promote it. Release of a reserved
-//     task itself returns it to queued too, its attempt not counted.
+//     Release of P), the tasks reserved after P (its whole chain) go back
+//     to queued (queued counter + 1 each, worker_id and after_id cleared;
+//     paused, from queued, if its queue is paused) in the same
+//     transaction, and the refill may promote them. Release of a reserved
+//     task itself returns it to queued too, its attempt not counted, with
+//     the task reserved after it; so does CancelTask of a reserved task
+//     for the task reserved after it.
 //   - A gone worker (lease expired, deregistered) may have started its
 //     reserved tasks without reporting it: each is ended like its running
 //     tasks, as a counted attempt (started and finished at the sweep), so
@@ -161,6 +174,10 @@ type Store interface {
 	// SetClock replaces the clock (time.Now by default); the engine passes
 	// its own so tests control time. Call it before any other method.
 	SetClock(now func() time.Time)
+	// SetHandoverDepth sets how many successors a handover chain keeps
+	// reserved behind its running task (1 or HandoverDepth, the
+	// default; see Handover). Call it before any other method.
+	SetHandoverDepth(n int)
 	// Migrate applies pending migrations and returns their names.
 	Migrate(ctx context.Context) ([]string, error)
 	Close() error

@@ -489,11 +489,20 @@ type runningTask struct {
 	timeoutUS            int64
 	sq                   *sqRow
 	q                    *queueRow
-	// next are the tasks reserved after this one (handover; at most one):
-	// ending the attempt returns them to the wait list (unreserveAfter)
-	// unless the caller hands over to one and drops it from next.
+	// next is the chain of tasks reserved after this one (handover;
+	// chainSQL): ending the attempt returns them to the wait list
+	// (unreserveAfter) unless the caller hands over to the first, which
+	// keeps the rest of the chain behind it, and clears next.
 	next []int64
 }
+
+// chainSQL is the chain of tasks reserved after task t.id, in order: its
+// successor, then that one's (at depth 2, the deepest a chain goes).
+// Each task has one successor at most (the "successors" check).
+const chainSQL = `ARRAY(SELECT c.id FROM (
+		SELECT r1.id, 1 AS l FROM tasks r1 WHERE r1.state = 'reserved' AND r1.after_id = t.id
+		UNION ALL SELECT r2.id, 2 FROM tasks r1 JOIN tasks r2 ON r2.after_id = r1.id AND r2.state = 'reserved'
+			WHERE r1.state = 'reserved' AND r1.after_id = t.id) c ORDER BY c.l)`
 
 // runningSelect reads tasks (alias t, filtered by where) with their
 // sub-queue and queue rows, so ending their attempts needs no further
@@ -507,7 +516,7 @@ func runningSelect(where string) string {
 	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue
 		FROM tasks t WHERE ` + where + `)
 	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
-		sqCols + `, ` + qCols + `, ARRAY(SELECT r.id FROM tasks r WHERE r.state = 'reserved' AND r.after_id = t.id ORDER BY r.id)
+		sqCols + `, ` + qCols + `, ` + chainSQL + `
 	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
 }
 

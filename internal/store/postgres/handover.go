@@ -41,11 +41,16 @@ type reservedTask struct {
 	q         *queueRow
 }
 
-// reservedSelect reads reserved tasks (alias r, filtered by where) with
-// their sub-queue and queue rows, the tasks picked in a CTE of their own
-// (see runningSelect).
+// reservedSelect reads reserved tasks (alias r, filtered by where), and
+// the task reserved after each (the rest of its chain, at depth 2), with
+// their sub-queue and queue rows, the tasks picked in CTEs of their own
+// (see runningSelect): whatever takes a reserved task back takes the
+// chain behind it back too. Each part is a probe of a primary key or of
+// tasks_reserved (UNION, not OR, so neither becomes a scan).
 func reservedSelect(where string) string {
-	return `WITH r AS MATERIALIZED (SELECT r.id, r.after_id, r.sq, r.queue FROM tasks r WHERE r.state = 'reserved' AND ` + where + `)
+	return `WITH r0 AS MATERIALIZED (SELECT r.id, r.after_id, r.sq, r.queue FROM tasks r WHERE r.state = 'reserved' AND ` + where + `),
+	r AS MATERIALIZED (SELECT * FROM r0 UNION
+		SELECT r.id, r.after_id, r.sq, r.queue FROM tasks r WHERE r.state = 'reserved' AND r.after_id IN (SELECT id FROM r0))
 	SELECT r.id, coalesce(r.after_id, 0), ` + sqCols + `, ` + qCols + ` FROM r JOIN subqueues s ON s.id = r.sq JOIN queues q ON q.name = r.queue`
 }
 
@@ -64,8 +69,8 @@ func (t *txn) queueReserved(what, where string, args []any, out *[]reservedTask)
 	})
 }
 
-// unreserveAfter returns the tasks reserved after a running task that
-// stops running without handing over to them to the wait list.
+// unreserveAfter returns the chain reserved after a running task that
+// stops running without handing over to its first to the wait list.
 func (t *txn) unreserveAfter(r *runningTask) {
 	if len(r.next) == 0 {
 		return
@@ -123,32 +128,38 @@ type handoff struct {
 // still reserved for worker $5 after their predecessors to running, as a
 // claim starts a task: each starts when its predecessor finished ($1), so
 // the records show the slot passing on at one instant ($2: the grace
-// added to the timeout).
+// added to the timeout). Each row carries the task reserved after the
+// successor, if any (at depth 2), which stays reserved after it: the
+// chain's tail, after which reserveAfter tops the chain up.
 const handOverSQL = `UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, started_at = v.at,
 		timeout_at = CASE WHEN t.timeout_us > 0 THEN v.at + $2 + t.timeout_us END, after_id = NULL
 	FROM unnest($3::bigint[], $4::bigint[], $1::bigint[]) AS v(p, s, at)
 	WHERE t.id = v.s AND t.state = 'reserved' AND t.worker_id = $5 AND t.after_id = v.p
-	RETURNING t.id, t.sq, t.queue, t.ckey`
+	RETURNING t.id, t.sq, t.queue, t.ckey,
+		coalesce((SELECT r.id FROM tasks r WHERE r.state = 'reserved' AND r.after_id = t.id), 0)`
 
 // handed is a task just handed to a worker to run (claimed, or handed
 // over to), whose successor reserveAfter may reserve.
 type handed struct {
 	id          int64
 	queue, ckey string
+	tail        int64 // the task already reserved after it (0: none)
 }
 
 // reserveSQL reserves for worker $4 (claim $5) the heads of sub-queues'
-// wait lists ($2, each the task after the first $3) after the tasks $1,
-// in the order the refill promotes them (headsSQL). Fewer tasks reserved
-// than asked ($6) mean the counters drifted from the rows: the statement
-// fails, so a COMMIT in the same round trip does not commit.
-const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS p(after, sq, off)),
+// wait lists ($2, the $7 tasks after the first $3) after the tasks $1, in
+// the order the refill promotes them (headsSQL), as chains: the first
+// after its task in $1, each next after the one before it. Fewer tasks
+// reserved than asked ($6) mean the counters drifted from the rows: the
+// statement fails, so a COMMIT in the same round trip does not commit.
+const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $7::bigint[]) AS p(after, sq, off, n)),
 	h AS MATERIALIZED (
-		SELECT p.after, x.id FROM p CROSS JOIN LATERAL unnest(ARRAY(
-			SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id OFFSET p.off LIMIT 1)) AS x(id)),
+		SELECT p.after, x.id, x.ord FROM p CROSS JOIN LATERAL unnest(ARRAY(
+			SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id OFFSET p.off LIMIT p.n)) WITH ORDINALITY AS x(id, ord)),
+	c AS (SELECT id, CASE WHEN ord = 1 THEN after ELSE lag(id) OVER (PARTITION BY after ORDER BY ord) END AS after FROM h),
 	moved AS (
-		UPDATE tasks t SET state = 'reserved', worker_id = $4, after_id = h.after, claim_seq = $5
-		FROM h WHERE t.id = h.id
+		UPDATE tasks t SET state = 'reserved', worker_id = $4, after_id = c.after, claim_seq = $5
+		FROM c WHERE t.id = c.id
 		RETURNING t.id, t.after_id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at),
 	chk AS (UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $6 THEN 1 ELSE 0 END) WHERE id = 1)
 	SELECT id, after_id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at FROM moved`
@@ -170,22 +181,33 @@ func (t *txn) subqueueByKey(queue, ckey string) (*sqRow, error) {
 	return t.useSQ(sq), nil
 }
 
-// reserveAfter reserves for the worker (registered with Handover) a
-// successor of each task in hs, in order, whose queue has handover on
-// and whose sub-queue is, as this transaction holds it, limited, not over
-// its limit (a lowered limit ends the chains), not paused, with tasks
-// waiting: the head of the wait list. (A sub-queue with room has its
-// next tasks promoted by the refill too: the reserved task is only the
-// next in line, and a completion batch whose other results freed slots
-// keeps every chain going.)
+// reserveAfter tops up, for the worker (registered with Handover), the
+// chain of successors behind each task in hs, in order, to the handover
+// depth: after the task already reserved after it (handed.tail), or
+// after the task itself. It does so where the task's queue has handover
+// on and its sub-queue is, as this transaction holds it, limited, not
+// over its limit (a lowered limit ends the chains), not paused, with
+// tasks waiting: the heads of the wait list. (A sub-queue with room has
+// its next tasks promoted by the refill too: the reserved tasks are only
+// the next in line, and a completion batch whose other results freed
+// slots keeps every chain going.)
 // The statement is queued (it checks its count itself) and the counter
-// writes with it; next returns the successors, with After set, once the
-// statement has run.
+// writes with it; next returns the successors, each chain in order with
+// After set, once the statement has run.
 func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil time.Time) (next func() []sluice.ClaimedTask, err error) {
 	none := func() []sluice.ClaimedTask { return nil }
-	var afters, sqs, offs []int64
+	depth := t.s.handoverDepth()
+	var afters, sqs, offs, ns []int64
+	var total int
 	taken := map[int64]int64{} // sub-queue → successors reserved in this statement
 	for _, h := range hs {
+		after, n := h.id, int64(depth)
+		if h.tail != 0 {
+			after, n = h.tail, int64(depth-1)
+		}
+		if n <= 0 {
+			continue
+		}
 		q, err := t.queue(h.queue, false)
 		if err != nil {
 			return nil, err
@@ -200,17 +222,19 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 		if sq.lim == nil || sq.paused || sq.running > *sq.lim || sq.queued == 0 {
 			continue
 		}
-		afters, sqs, offs = append(afters, h.id), append(sqs, sq.id), append(offs, taken[sq.id])
-		taken[sq.id]++
-		sq.queued--
+		n = min(n, sq.queued)
+		afters, sqs, offs, ns = append(afters, after), append(sqs, sq.id), append(offs, taken[sq.id]), append(ns, n)
+		taken[sq.id] += n
+		total += int(n)
+		sq.queued -= n
 		sq.dirty = true
 	}
 	if len(afters) == 0 {
 		return none, nil
 	}
-	got := make(map[int64]sluice.ClaimedTask, len(afters)) // predecessor → successor
+	got := make(map[int64]sluice.ClaimedTask, total) // predecessor → successor
 	lease := leaseUntil.UTC()
-	t.queueQuery("reserving successors", reserveSQL, []any{afters, sqs, offs, workerID, seq, len(afters)}, func(rows pgx.Rows) error {
+	t.queueQuery("reserving successors", reserveSQL, []any{afters, sqs, offs, workerID, seq, total, ns}, func(rows pgx.Rows) error {
 		var c sluice.ClaimedTask
 		var input []byte
 		var timeoutUS, created int64
@@ -228,8 +252,8 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 	t.flush()
 	return func() []sluice.ClaimedTask {
 		out := make([]sluice.ClaimedTask, 0, len(got))
-		for _, h := range hs {
-			if c, ok := got[h.id]; ok {
+		for _, after := range afters {
+			for c, ok := got[after]; ok; c, ok = got[c.ID] {
 				out = append(out, c)
 			}
 		}

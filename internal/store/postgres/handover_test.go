@@ -153,27 +153,30 @@ func TestPostgresHandoverRoundTrips(t *testing.T) {
 	require.Equal(t, "plain", got[0].Queue)
 	_, _, err = h.st.Complete(h.ctx, "new", []sluice.TaskResult{done(got[0], 0)}, nil)
 	require.NoError(t, err)
-	hq := h.enqueue("hq", 3)
+	hq := h.enqueue("hq", 4)
 	require.EqualValues(t, 2, h.trips(func() { got, err = h.st.Claim(h.ctx, "old", 1, 30*time.Second, 0) }))
 	require.NoError(t, err)
 	_, _, err = h.st.Complete(h.ctx, "old", []sluice.TaskResult{done(got[0], 0)}, nil)
 	require.NoError(t, err)
 	h.counters()
-	// The hq task is claimed with its successor: one more round trip.
+	// The hq task is claimed with its chain of two successors: one more
+	// round trip, as with one.
 	require.EqualValues(t, 3, h.trips(func() { got, err = h.st.Claim(h.ctx, "new", 10, 30*time.Second, 0) }))
 	require.NoError(t, err)
 	run, next := storetest.SplitReserved(got)
 	require.Len(t, run, 2) // the plain queue's and hq's
-	require.Len(t, next, 1)
+	require.Len(t, next, 2)
 	p := run[0]
 	if p.Queue != "hq" {
 		p = run[1]
 	}
 	require.Equal(t, hq[0], p.ID)
 	require.Equal(t, hq[1], next[p.ID].ID)
+	require.Equal(t, hq[2], next[hq[1]].ID)
 	h.counters()
-	// Hand over: as many round trips as a completion (the hand-over goes
-	// with BEGIN), the successor's successor with the COMMIT.
+	// Hand over: as many round trips as a completion (the hand-over, which
+	// reads the chain's tail, goes with BEGIN), the task after the tail
+	// with the COMMIT.
 	var acks []sluice.ResultAck
 	require.EqualValues(t, 2, h.trips(func() {
 		acks, _, got, err = h.st.CompleteClaim(h.ctx, "new", []sluice.TaskResult{done(p, hq[1])}, nil, store.ClaimSpec{Lease: 30 * time.Second})
@@ -181,8 +184,9 @@ func TestPostgresHandoverRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "started", acks[0].Next)
 	require.Len(t, got, 1)
-	require.Equal(t, hq[2], got[0].ID)
-	require.Equal(t, hq[1], got[0].After)
+	require.Equal(t, hq[3], got[0].ID)
+	require.Equal(t, hq[2], got[0].After)
+	require.Equal(t, sluice.StateReserved, h.state(hq[2]))
 	h.counters()
 }
 
@@ -192,6 +196,7 @@ func TestPostgresHandoverRoundTrips(t *testing.T) {
 // COMMIT) and gets its own successor after it.
 func TestPostgresHandoverCompleteClaim(t *testing.T) {
 	h := newHX(t)
+	h.st.SetHandoverDepth(1) // each rule alone (storetest's handover_chain.go: depth 2)
 	h.queue("hq", 2, true)
 	ids := h.enqueue("hq", 7)
 	h.worker("w", true, "hq")
@@ -258,8 +263,8 @@ func TestPostgresHandoverCountersDrift(t *testing.T) {
 	require.Equal(t, sluice.StateReady, h.state(ids[0]), "the claim was not committed")
 }
 
-// Two replicas: a task claimed with its successor through one is handed
-// over through the other.
+// Two replicas: a task claimed with its chain of successors through one
+// is handed over through the other, which tops the chain up.
 func TestPostgresHandoverAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	u := pgtest.URL(t)
@@ -269,23 +274,29 @@ func TestPostgresHandoverAcrossReplicas(t *testing.T) {
 	lim := 1
 	_, _, err := a.PutQueue(ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &lim, Handover: true})
 	require.NoError(t, err)
-	res, _, err := b.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "hq", MaxAttempts: 1}, {Kind: "k", Queue: "hq", MaxAttempts: 1},
-		{Kind: "k", Queue: "hq", MaxAttempts: 1}})
+	var nts []store.NewTask
+	for range 4 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "hq", MaxAttempts: 1})
+	}
+	res, _, err := b.Enqueue(ctx, store.Limits{}, nts)
 	require.NoError(t, err)
 	require.NoError(t, b.RegisterWorker(ctx, store.Worker{ID: "w", Name: "w", Kinds: []string{"k"}, Slots: 4, Lease: time.Minute, Handover: true}))
 	got, err := a.Claim(ctx, "w", 4, time.Minute, 0)
 	require.NoError(t, err)
-	require.Len(t, got, 2)
+	require.Len(t, got, 3)
 	require.Equal(t, res[1].Task.ID, got[1].ID)
+	require.Equal(t, res[2].Task.ID, got[2].ID)
+	require.Equal(t, got[1].ID, got[2].After)
 	acks, _, more, err := b.CompleteClaim(ctx, "w", []sluice.TaskResult{done(got[0], got[1].ID)}, nil, store.ClaimSpec{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, "started", acks[0].Next)
 	require.Len(t, more, 1)
-	require.Equal(t, res[2].Task.ID, more[0].ID)
+	require.Equal(t, res[3].Task.ID, more[0].ID)
+	require.Equal(t, res[2].Task.ID, more[0].After)
 	q, err := a.GetQueue(ctx, "hq")
 	require.NoError(t, err)
 	require.Equal(t, 1, q.Running)
-	require.Equal(t, 1, q.Counts[sluice.StateReserved])
+	require.Equal(t, 2, q.Counts[sluice.StateReserved])
 	bad, err := b.CheckCounters(ctx)
 	require.NoError(t, err)
 	require.Empty(t, bad)

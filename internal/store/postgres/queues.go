@@ -262,10 +262,14 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		{"env active", `SELECT 'env', have, n FROM (SELECT e.active AS have,
 			(SELECT count(*) FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM env e) x WHERE have != n`},
 		{"env over limit", `SELECT 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`},
-		// A reserved task follows a task running on its worker in its
-		// sub-queue (handover), and is that task's only successor.
+		// A reserved task follows, on its worker and in its sub-queue
+		// (handover), a running task or a reserved one that follows a
+		// running task (a chain of two at most), and is that task's
+		// only successor.
 		{"reserved task", `SELECT 'task ' || r.id, coalesce(r.after_id, 0), coalesce(p.id, 0) FROM tasks r LEFT JOIN tasks p ON p.id = r.after_id
-			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.state != 'running' OR p.worker_id IS DISTINCT FROM r.worker_id OR p.sq != r.sq)`},
+			LEFT JOIN tasks pp ON pp.id = p.after_id AND p.state = 'reserved'
+			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.worker_id IS DISTINCT FROM r.worker_id OR p.sq != r.sq OR (p.state = 'running' OR
+				p.state = 'reserved' AND pp.state = 'running' AND pp.worker_id = r.worker_id AND pp.sq = r.sq) IS NOT TRUE)`},
 		{"successors", `SELECT 'task ' || after_id, count(*), 1::bigint FROM tasks WHERE state = 'reserved' GROUP BY after_id HAVING count(*) > 1`},
 		// No idle capacity (S-FC2): with room in the environment, no
 		// sub-queue with room may have tasks waiting.

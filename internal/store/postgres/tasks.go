@@ -458,7 +458,17 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 			t.exec("cancel", `UPDATE tasks SET cancel_requested = true WHERE id = $1`, id)
 			return nil
 		}
+		var rest []reservedTask
+		if st == sluice.StateReserved {
+			// The chain behind a reserved task goes back to the wait
+			// list: it would follow a task that never runs.
+			t.queueReserved("cancel", `r.after_id = $1`, []any{id}, &rest)
+			if err := t.send(); err != nil {
+				return err
+			}
+		}
 		t.cancelWaiting(id, st, t.useSQ(sq), t.useQueue(q), "cancelled")
+		t.unreserve(rest)
 		return nil
 	})
 	if err != nil {

@@ -540,6 +540,19 @@ type completion struct {
 type movedTask struct {
 	id, sq      int64
 	queue, ckey string
+	tail        int64 // the task reserved after it (0: none)
+}
+
+// scanMoved reads handOverSQL's rows into *dst.
+func scanMoved(dst *[]movedTask) func(rows pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		var m movedTask
+		if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey, &m.tail); err != nil {
+			return err
+		}
+		*dst = append(*dst, m)
+		return nil
+	}
 }
 
 // attemptKey names one attempt of a task.
@@ -607,15 +620,7 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 		}
 		if len(ps) > 0 {
 			c.early = true
-			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID},
-				func(rows pgx.Rows) error {
-					var m movedTask
-					if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {
-						return err
-					}
-					c.moved = append(c.moved, m)
-					return nil
-				})
+			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID}, scanMoved(&c.moved))
 			t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{ids}, &c.rest)
 		}
 	}
@@ -648,8 +653,8 @@ func (c *completion) failures(t *txn, backoff store.Backoff) error {
 		}
 		delete(running, r.TaskID) // ended: a second report is stale
 		if r.Next != 0 {
-			if j := slices.Index(rt.next, r.Next); j >= 0 {
-				rt.next = slices.Delete(rt.next, j, j+1)
+			if len(rt.next) > 0 && rt.next[0] == r.Next {
+				rt.next = nil // the rest of the chain stays behind its first
 				c.handoffs = append(c.handoffs, handoff{p: rt.id, s: r.Next, at: t.now, ack: i})
 			}
 		}
@@ -693,15 +698,7 @@ func (c *completion) handOver(t *txn, handover bool) error {
 			for i, h := range late {
 				ps[i], ss[i], ats[i] = h.p, h.s, h.at
 			}
-			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID},
-				func(rows pgx.Rows) error {
-					var m movedTask
-					if err := rows.Scan(&m.id, &m.sq, &m.queue, &m.ckey); err != nil {
-						return err
-					}
-					got = append(got, m)
-					return nil
-				})
+			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID}, scanMoved(&got))
 		}
 		// What is still reserved after the ended tasks, read after the
 		// hand-over (and after the failures' releases, queued before it).
@@ -724,7 +721,7 @@ func (c *completion) handOver(t *txn, handover bool) error {
 		if m, ok := byID[h.s]; ok {
 			delete(byID, h.s)
 			c.acks[h.ack].Next = "started"
-			c.started = append(c.started, handed{id: m.id, queue: m.queue, ckey: m.ckey})
+			c.started = append(c.started, handed{id: m.id, queue: m.queue, ckey: m.ckey, tail: m.tail})
 		}
 	}
 	if len(byID) > 0 {

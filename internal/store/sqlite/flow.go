@@ -55,6 +55,7 @@ type txn struct {
 	sqByKey map[[2]string]*sqRow
 	queues  map[string]*queueRow
 	readied int
+	depth   int // handover depth (Store.handoverDepth)
 }
 
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
@@ -70,7 +71,8 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome
 // writeIn is write within a transaction already begun.
 func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
-	t := &txn{ctx: ctx, tx: tx, now: us(s.now()), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
+	t := &txn{ctx: ctx, tx: tx, now: us(s.now()), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{},
+		depth: s.handoverDepth()}
 	if err := fn(t); err != nil {
 		return o, err
 	}
@@ -464,7 +466,7 @@ func (t *txn) endAttempt(r *runningTask, o outcome) error {
 	return err
 }
 
-// releaseAfter returns the task reserved after task id (handover), if
+// releaseAfter returns the chain reserved after task id (handover), if
 // any, to its sub-queue's wait list: id stopped running without handing
 // over.
 func (t *txn) releaseAfter(id int64) error {
@@ -472,14 +474,19 @@ func (t *txn) releaseAfter(id int64) error {
 }
 
 // releaseReserved returns the reserved tasks that match where (a
-// condition on tasks) to their sub-queues' wait lists, for the refill (or
-// to paused, if their queue is paused).
+// condition on tasks), and the task reserved after each (the rest of its
+// chain, at depth 2: it would follow a task that does not run), to their
+// sub-queues' wait lists, for the refill (or to paused, if their queue is
+// paused). The tasks are picked before any row changes (a CTE the UPDATE
+// reads as a whole).
 func (t *txn) releaseReserved(where string, args ...any) error {
-	return t.moveReserved(`UPDATE tasks SET
+	return t.moveReserved(`WITH r0 AS MATERIALIZED (SELECT id FROM tasks WHERE state = 'reserved' AND `+where+`),
+		r AS MATERIALIZED (SELECT id FROM r0 UNION SELECT id FROM tasks WHERE state = 'reserved' AND after_id IN (SELECT id FROM r0))
+		UPDATE tasks SET
 			state = CASE WHEN (SELECT paused FROM queues q WHERE q.name = tasks.queue) THEN 'paused' ELSE 'queued' END,
 			paused_from = CASE WHEN (SELECT paused FROM queues q WHERE q.name = tasks.queue) THEN 'queued' END,
 			worker_id = NULL, after_id = NULL
-		WHERE state = 'reserved' AND `+where+` RETURNING sq, state`, args, func(sq *sqRow, state sluice.TaskState) {
+		WHERE state = 'reserved' AND id IN (SELECT id FROM r) RETURNING sq, state`, args, func(sq *sqRow, state sluice.TaskState) {
 		if state == sluice.StateQueued {
 			sq.queued++
 		}
@@ -557,12 +564,15 @@ func (t *txn) handOver(workerID string, prev, next int64) (*sluice.ClaimedTask, 
 	return c, nil
 }
 
-// reserveAfter reserves for the worker a successor of each of the tasks
-// it was just handed (or handed over to) whose queue has handover on and
-// whose limited sub-queue is not over its limit and has tasks waiting: the head of the
+// reserveAfter tops up, for the worker, the chain of successors behind
+// each of the tasks it was just handed (or handed over to) to the
+// handover depth, after the task already reserved after it (if any) or
+// after the task itself, where its queue has handover on and its limited
+// sub-queue is not over its limit and has tasks waiting: the heads of the
 // wait list, in the order the refill promotes. It returns them as claimed
-// tasks with After set.
+// tasks with After set, each chain in order.
 func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int64, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
+	depth := t.depth
 	var out []sluice.ClaimedTask
 	for _, p := range handed {
 		q, err := t.queue(p.Queue, false)
@@ -578,30 +588,42 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int
 		}
 		// Not over its limit (a lowered limit ends the chains), tasks
 		// waiting. A sub-queue with room has them promoted by the refill
-		// too: the reserved task is only the next in line, and a
+		// too: the reserved tasks are only the next in line, and a
 		// completion batch whose other results freed slots keeps every
 		// chain going.
 		if !sq.lim.Valid || sq.paused || sq.running > sq.lim.Int64 || sq.queued == 0 {
 			continue
 		}
-		var c sluice.ClaimedTask
-		var input []byte
-		var timeoutUS, created int64
-		err = t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'reserved', worker_id = ?, after_id = ?, claim_seq = ?
-			WHERE id = (SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT 1)
-			RETURNING id, kind, queue, ckey, attempt + 1, max_attempts, input, timeout_us, created_at`,
-			workerID, p.ID, seq, sq.id).Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created)
-		if err != nil {
-			return nil, fmt.Errorf("reserving a successor of task %d: %w", p.ID, err)
+		// A task handed over to keeps the successor reserved after it.
+		after, n := p.ID, depth
+		var tail int64
+		switch err := t.tx.QueryRowContext(t.ctx, `SELECT id FROM tasks WHERE state = 'reserved' AND after_id = ?`, p.ID).Scan(&tail); {
+		case err == nil:
+			after, n = tail, depth-1
+		case err != sql.ErrNoRows:
+			return nil, fmt.Errorf("reading the successor of task %d: %w", p.ID, err)
 		}
-		sq.queued--
-		sq.dirty = true
-		c.Input = store.JSONOrNull(input)
-		c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
-		c.CreatedAt = fromUS(created)
-		c.LeaseExpiresAt = leaseUntil.UTC()
-		c.After = p.ID
-		out = append(out, c)
+		for ; n > 0 && sq.queued > 0; n-- {
+			var c sluice.ClaimedTask
+			var input []byte
+			var timeoutUS, created int64
+			err = t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'reserved', worker_id = ?, after_id = ?, claim_seq = ?
+				WHERE id = (SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT 1)
+				RETURNING id, kind, queue, ckey, attempt + 1, max_attempts, input, timeout_us, created_at`,
+				workerID, after, seq, sq.id).Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created)
+			if err != nil {
+				return nil, fmt.Errorf("reserving a successor of task %d: %w", after, err)
+			}
+			sq.queued--
+			sq.dirty = true
+			c.Input = store.JSONOrNull(input)
+			c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
+			c.CreatedAt = fromUS(created)
+			c.LeaseExpiresAt = leaseUntil.UTC()
+			c.After = after
+			out = append(out, c)
+			after = c.ID
+		}
 	}
 	return out, nil
 }

@@ -268,10 +268,14 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		{"queue active", `SELECT q.name, q.active, (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM queues q WHERE q.active != n`},
 		{"env running", `SELECT 'env', e.running, (SELECT count(*) FROM tasks WHERE state IN ('ready', 'running')) AS n FROM env e WHERE e.running != n`},
 		{"env active", `SELECT 'env', e.active, (SELECT count(*) FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM env e WHERE e.active != n`},
-		// A reserved task follows a task running on its worker in its
-		// sub-queue (handover), and is that task's only successor.
+		// A reserved task follows, on its worker and in its sub-queue
+		// (handover), a running task or a reserved one that follows a
+		// running task (a chain of two at most), and is that task's
+		// only successor.
 		{"reserved task", `SELECT 'task ' || r.id, r.after_id, coalesce(p.id, 0) FROM tasks r LEFT JOIN tasks p ON p.id = r.after_id
-			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.state != 'running' OR p.worker_id IS NOT r.worker_id OR p.sq != r.sq)`},
+			LEFT JOIN tasks pp ON pp.id = p.after_id AND p.state = 'reserved'
+			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.worker_id IS NOT r.worker_id OR p.sq != r.sq OR coalesce(p.state = 'running' OR
+				p.state = 'reserved' AND pp.state = 'running' AND pp.worker_id IS r.worker_id AND pp.sq = r.sq, 0) = 0)`},
 		{"successors", `SELECT 'task ' || after_id, count(*), 1 FROM tasks WHERE state = 'reserved' GROUP BY after_id HAVING count(*) > 1`},
 		{"env over limit", `SELECT 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`},
 		// No idle capacity (S-FC2): with room in the environment, no

@@ -31,6 +31,9 @@ type Store struct {
 	r *sql.DB // readers
 
 	clock atomic.Pointer[func() time.Time]
+	// depth is the handover depth (SetHandoverDepth); 0 means the
+	// default, store.HandoverDepth.
+	depth atomic.Int32
 
 	stmtMu      sync.Mutex
 	stmts       map[string]*sql.Stmt // on w; nil while pending (stmtcache.go)
@@ -106,6 +109,17 @@ func Open(ctx context.Context, path string) (*Store, error) {
 
 // SetClock replaces the clock; see store.Store.
 func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
+
+// SetHandoverDepth sets the handover depth; see store.Store.
+func (s *Store) SetHandoverDepth(n int) { s.depth.Store(int32(n)) }
+
+// handoverDepth is the handover depth in force.
+func (s *Store) handoverDepth() int {
+	if d := int(s.depth.Load()); d > 0 {
+		return min(d, store.HandoverDepth)
+	}
+	return store.HandoverDepth
+}
 
 // now reads the clock. Write transactions call it after BEGIN IMMEDIATE,
 // once they hold the write lock.

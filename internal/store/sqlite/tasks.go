@@ -302,7 +302,15 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 			_, err := t.exec(`UPDATE tasks SET cancel_requested = 1 WHERE id = ?`, id)
 			return err
 		}
-		return t.cancelWaiting(id, state, sqID, queue, "cancelled")
+		if err := t.cancelWaiting(id, state, sqID, queue, "cancelled"); err != nil {
+			return err
+		}
+		if state == sluice.StateReserved {
+			// The chain behind a reserved task goes back to the wait
+			// list: it would follow a task that never runs.
+			return t.releaseAfter(id)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, o, err

@@ -13,7 +13,9 @@ import (
 // Handover (see the contract in package store): a full limited sub-queue
 // with handover on reserves its next task for the worker of each task it
 // hands out, and a result naming that successor passes the slot on in the
-// same transaction.
+// same transaction. The tests in this file pin depth 1 (one successor per
+// chain), where each rule is seen alone; handover_chain.go tests depth 2,
+// the default.
 
 func (h *h) handoverQueue(name string, limit int) {
 	h.t.Helper()
@@ -77,6 +79,7 @@ func asRunning(c sluice.ClaimedTask) sluice.ClaimedTask {
 
 func testHandoverPassesSlot(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 2)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"},
 		store.NewTask{Kind: "k", Queue: "q", Priority: 1}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
@@ -154,6 +157,7 @@ func more0(t *testing.T, id int64, h *h) sluice.ClaimedTask {
 // sub-queue is limited with tasks waiting.
 func testHandoverOptIn(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	_, _, err := h.st.PutQueue(h.ctx, "plain", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
 	h.handoverQueue("hq", 1)
@@ -179,6 +183,7 @@ func testHandoverOptIn(t *testing.T, ns NewStore) {
 // successor to the wait list, where the refill finds it.
 func testHandoverReleases(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 1)
 	var nts []store.NewTask
 	for range 8 {
@@ -268,6 +273,7 @@ func testHandoverReleases(t *testing.T, ns NewStore) {
 // deadlines wait for its predecessor; a cancel ends it at once.
 func testHandoverPauseCancel(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 1)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second},
 		store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
@@ -317,6 +323,7 @@ func testHandoverPauseCancel(t *testing.T, ns NewStore) {
 // orphans, and releasing them returns them to the wait list.
 func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 1)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	h.handoverWorker("w", 10, "k")
@@ -355,6 +362,7 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 // list; a hand-over to one is then lost.
 func testHandoverOff(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
 	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
@@ -373,6 +381,7 @@ func testHandoverOff(t *testing.T, ns NewStore) {
 // already, so the hand-over stands ("started"), and nothing moves again.
 func testHandoverRetried(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	p, s := run[0], next[run[0].ID]
 	acks, more := h.completeNext("w", withNext(ok(p), s.ID))
@@ -392,6 +401,7 @@ func testHandoverRetried(t *testing.T, ns NewStore) {
 // waiting task of the queue, and resume returns it to the wait list.
 func testHandoverPausedRelease(t *testing.T, ns NewStore) {
 	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
 	_, _, err := h.st.SetQueuePaused(h.ctx, "q", true)

@@ -172,6 +172,10 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverOff":             testHandoverOff,
 		"HandoverRetried":         testHandoverRetried,
 		"HandoverPausedRelease":   testHandoverPausedRelease,
+		"HandoverChain":           testHandoverChain,
+		"HandoverChainShort":      testHandoverChainShort,
+		"HandoverChainReleases":   testHandoverChainReleases,
+		"HandoverDepthOne":        testHandoverDepthOne,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })

@@ -1,0 +1,224 @@
+package storetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// Handover at depth 2 (the default): a chain keeps two successors
+// reserved behind its running task, P → S1 → S2, so the answer that
+// brings a chain's next task has two task lengths to arrive instead of
+// one. Whatever takes a reserved task back takes the rest of its chain
+// back with it.
+
+// chainQueue makes queue q (limit 1, handover) with n tasks and worker w
+// (handover), at the default depth.
+func (h *h) chainQueue(n int) []*sluice.Task {
+	h.t.Helper()
+	h.handoverQueue("q", 1)
+	nts := make([]store.NewTask, n)
+	for i := range nts {
+		nts[i] = store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 5}
+	}
+	tasks := h.enqueue(nts...)
+	h.handoverWorker("w", 10, "k")
+	return tasks
+}
+
+// claimChain claims for w and returns the task to run and its chain, in
+// order, checking each successor follows the one before it.
+func (h *h) claimChain() (sluice.ClaimedTask, []sluice.ClaimedTask) {
+	h.t.Helper()
+	got := h.claim("w", 10)
+	require.NotEmpty(h.t, got)
+	p, chain := got[0], got[1:]
+	require.Zero(h.t, p.After)
+	after := p.ID
+	for _, c := range chain {
+		require.Equal(h.t, after, c.After, "chain order")
+		require.Equal(h.t, sluice.StateReserved, h.state(c.ID))
+		after = c.ID
+	}
+	return p, chain
+}
+
+// notReserved checks tasks went back to the wait list: not reserved, no
+// worker, no predecessor.
+func (h *h) notReserved(ids ...int64) {
+	h.t.Helper()
+	for _, id := range ids {
+		task := h.get(id)
+		require.NotEqual(h.t, sluice.StateReserved, task.State, "task %d", id)
+		require.Zero(h.t, task.After, "task %d", id)
+		require.Empty(h.t, task.WorkerID, "task %d", id)
+	}
+}
+
+func testHandoverChain(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.chainQueue(6)
+	p, chain := h.claimChain()
+	require.Equal(t, tasks[0].ID, p.ID)
+	require.Equal(t, []int64{tasks[1].ID, tasks[2].ID}, ids(chain), "two successors, the wait list's heads")
+	require.Equal(t, 1, chain[1].Attempt)
+	require.True(t, chain[1].StartedAt.IsZero())
+	q, err := h.st.GetQueue(h.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Running, "reserved tasks hold no slot")
+	require.Equal(t, 2, q.Counts[sluice.StateReserved])
+	require.Equal(t, 3, q.Counts[sluice.StateQueued])
+	h.counters()
+
+	// P hands over to S1: S2 stays reserved after S1, and the chain is
+	// topped up after S2.
+	h.tick(time.Second)
+	acks, more := h.completeNext("w", withNext(ok(p), chain[0].ID))
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, sluice.StateRunning, h.state(tasks[1].ID))
+	require.Equal(t, tasks[1].ID, h.get(tasks[2].ID).After)
+	require.Len(t, more, 1)
+	require.Equal(t, tasks[3].ID, more[0].ID)
+	require.Equal(t, tasks[2].ID, more[0].After, "after the chain's tail")
+	h.counters()
+
+	// S1 hands over to S2, and S2 to S3 in the next call: the chain runs
+	// down the wait list; near its end the chain is shorter.
+	s1 := asRunning(chain[0])
+	acks, more = h.completeNext("w", withNext(ok(s1), tasks[2].ID))
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, []int64{tasks[4].ID}, ids(more))
+	require.Equal(t, tasks[3].ID, more[0].After)
+	h.counters()
+	// A failure hands over too: S4 stays reserved after S3, and the
+	// chain is topped up after it with the wait list's head, the retry.
+	acks, more = h.completeNext("w", withNext(fail(asRunning(chain[1]), "boom"), tasks[3].ID))
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, sluice.StateReserved, h.state(tasks[4].ID))
+	require.Equal(t, tasks[3].ID, h.get(tasks[4].ID).After)
+	require.Equal(t, []int64{tasks[2].ID}, ids(more), "the retry, oldest of the wait list")
+	require.Equal(t, tasks[4].ID, more[0].After)
+	require.Equal(t, 2, more[0].Attempt)
+	h.counters()
+
+	// S3 fails without naming its successor: the whole chain (S4 and the
+	// retry) goes back to the wait list; the refill promotes its head.
+	acks, more = h.completeNext("w", fail(sluice.ClaimedTask{ID: tasks[3].ID, Attempt: 1}, "boom"))
+	require.Equal(t, "ok", acks[0].Status)
+	require.Empty(t, more)
+	h.notReserved(tasks[4].ID, tasks[2].ID)
+	h.counters()
+}
+
+// A chain the wait list could not fill tops up after its task once tasks
+// arrive; a result naming the second successor instead of the first is
+// lost, and the chain goes back.
+func testHandoverChainShort(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.chainQueue(2)
+	p, chain := h.claimChain()
+	require.Equal(t, []int64{tasks[1].ID}, ids(chain), "one task waiting: one successor")
+	more := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
+	acks, got := h.completeNext("w", withNext(ok(p), chain[0].ID))
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, []int64{more[0].ID, more[1].ID}, ids(got), "two after a task with none")
+	require.Equal(t, []int64{chain[0].ID, more[0].ID}, []int64{got[0].After, got[1].After})
+	h.counters()
+
+	// The second successor is not the task's own: lost, and the task's
+	// chain goes back with the result.
+	acks, got = h.completeNext("w", withNext(ok(asRunning(chain[0])), more[1].ID))
+	require.Equal(t, "ok", acks[0].Status)
+	require.Equal(t, "lost", acks[0].Next)
+	require.Empty(t, got)
+	h.notReserved(more[0].ID, more[1].ID)
+	h.counters()
+}
+
+// Every way a chain's running task or first successor stops without a
+// hand-over takes the rest of the chain back.
+func testHandoverChainReleases(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.chainQueue(9)
+
+	// Release of the running task: it is ready again, its chain queued.
+	p, chain := h.claimChain()
+	require.Len(t, chain, 2)
+	_, err := h.st.Release(h.ctx, "w", []int64{p.ID})
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateReady, h.state(p.ID))
+	h.notReserved(ids(chain)...)
+	h.counters()
+
+	// Release of the first successor: the second goes back with it.
+	p, chain = h.claimChain()
+	require.Len(t, chain, 2)
+	_, err = h.st.Release(h.ctx, "w", []int64{chain[0].ID})
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateRunning, h.state(p.ID))
+	h.notReserved(ids(chain)...)
+	h.counters()
+	// Release of the second alone leaves the first.
+	acks, got := h.completeNext("w", ok(p))
+	require.Empty(t, acks[0].Next)
+	require.Empty(t, got)
+	p, chain = h.claimChain()
+	require.Len(t, chain, 2)
+	_, err = h.st.Release(h.ctx, "w", []int64{chain[1].ID})
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateReserved, h.state(chain[0].ID))
+	h.notReserved(chain[1].ID)
+	h.counters()
+	acks, _ = h.completeNext("w", ok(p)) // without Next: the first goes back too
+	require.Empty(t, acks[0].Next)
+	h.notReserved(chain[0].ID)
+	h.counters()
+
+	// Cancel of the first successor: it ends, the second goes back, and
+	// the hand-over to the first is lost.
+	p, chain = h.claimChain()
+	require.Len(t, chain, 2)
+	c, _, err := h.st.CancelTask(h.ctx, chain[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateCancelled, c.State)
+	h.notReserved(chain[1].ID)
+	h.counters()
+	acks, _ = h.completeNext("w", withNext(ok(p), chain[0].ID))
+	require.Equal(t, "lost", acks[0].Next)
+	h.counters()
+
+	// The worker dies: its running task goes back, and both reserved
+	// tasks, which it may have started unreported, end as counted
+	// attempts.
+	p, chain = h.claimChain()
+	require.Len(t, chain, 2)
+	h.tick(31 * time.Second)
+	n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, sluice.StateReady, h.state(p.ID))
+	for _, c := range chain {
+		got := h.get(c.ID)
+		require.NotEqual(t, sluice.StateReserved, got.State)
+		require.Len(t, got.Attempts, 1, "task %d: its possible start is counted", c.ID)
+	}
+	h.counters()
+	require.Len(t, tasks, 9)
+}
+
+// Depth 1 keeps one successor per chain (SetHandoverDepth).
+func testHandoverDepthOne(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.st.SetHandoverDepth(1)
+	tasks := h.chainQueue(4)
+	p, chain := h.claimChain()
+	require.Equal(t, []int64{tasks[1].ID}, ids(chain))
+	_, got := h.completeNext("w", withNext(ok(p), chain[0].ID))
+	require.Equal(t, []int64{tasks[2].ID}, ids(got))
+	require.Equal(t, tasks[1].ID, got[0].After)
+	h.counters()
+}
