@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/internal/store"
 )
 
 // Config configures a Server. Zero values take the documented defaults.
@@ -38,6 +40,10 @@ type Config struct {
 	// one with the most free capacity) or "pack" (a stable order, so
 	// surplus workers go idle). Defaults to "spread".
 	Dispatch string
+	// HandoverDepth is how many successors a queue with handover on
+	// keeps reserved behind each running task of a chain: 1 or 2.
+	// Defaults to 2.
+	HandoverDepth int
 	// Retention is how long finished tasks are kept before deletion, in
 	// bounded batches. Defaults to 7 days (168h); negative keeps them
 	// forever.
@@ -74,6 +80,9 @@ func (c Config) WithDefaults() Config {
 	if c.Dispatch == "" {
 		c.Dispatch = "spread"
 	}
+	if c.HandoverDepth == 0 {
+		c.HandoverDepth = store.HandoverDepth
+	}
 	if c.Retention == 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
@@ -104,6 +113,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sweep-interval: must be > 0 and ≤ lease (%s), got %s", c.Lease, c.SweepInterval)
 	case c.Dispatch != "spread" && c.Dispatch != "pack":
 		return fmt.Errorf("dispatch: want spread or pack, got %q", c.Dispatch)
+	case c.HandoverDepth < 1 || c.HandoverDepth > store.HandoverDepth:
+		return fmt.Errorf("handover-depth: want 1 or %d, got %d", store.HandoverDepth, c.HandoverDepth)
 	case c.ProvisionerInterval < time.Second:
 		return fmt.Errorf("provisioner-interval: must be at least 1s, got %s", c.ProvisionerInterval)
 	case c.ProvisionerURL != "" && !validHookURL(c.ProvisionerURL):

@@ -67,6 +67,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		MaxActive:     cfg.MaxActive,
 		SweepInterval: cfg.SweepInterval,
 		Dispatch:      engine.Dispatch(cfg.Dispatch),
+		HandoverDepth: cfg.HandoverDepth,
 		Retention:     cfg.Retention,
 		Provisioner: engine.ProvisionerConfig{
 			Command:  cfg.ProvisionerCommand,

@@ -118,6 +118,7 @@ type serverFlags struct {
 	lease         time.Duration
 	sweepInterval time.Duration
 	dispatch      string
+	handoverDepth int
 	provCommand   string
 	provURL       string
 	provInterval  time.Duration
@@ -151,6 +152,7 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 	fs.DurationVar(&f.lease, "lease", d.Lease, "how long a claimed task stays with a worker that stopped heartbeating (≥ 1s)")
 	fs.DurationVar(&f.sweepInterval, "sweep-interval", d.SweepInterval, "how often expired leases, timeouts and dispatch deadlines are swept (> 0, ≤ --lease)")
 	fs.StringVar(&f.dispatch, "dispatch", d.Dispatch, "which waiting worker gets new work first: spread (most free capacity) or pack (stable order, surplus workers go idle)")
+	fs.IntVar(&f.handoverDepth, "handover-depth", d.HandoverDepth, "successors a queue with handover on keeps reserved behind each running task: 2 rides out an answer slower than one task, 1 lets a pause or a lowered limit take effect a task sooner")
 	fs.DurationVar(&f.retention, "retention", d.Retention, "how long finished tasks are kept before they are deleted (negative: forever)")
 	fs.StringVar(&f.provCommand, "provisioner-command", "", "command (run with sh -c, JSON shortfall on stdin and in $SLUICE_SHORTFALL) called while ready tasks wait with no free worker capacity")
 	fs.StringVar(&f.provURL, "provisioner-url", "", "URL POSTed the JSON shortfall while ready tasks wait with no free worker capacity")
@@ -173,6 +175,7 @@ func (a *app) serverConfig(f *serverFlags, logger *slog.Logger, authDisabled boo
 		Lease:               f.lease,
 		SweepInterval:       f.sweepInterval,
 		Dispatch:            f.dispatch,
+		HandoverDepth:       f.handoverDepth,
 		Retention:           f.retention,
 		ProvisionerCommand:  f.provCommand,
 		ProvisionerURL:      f.provURL,

@@ -108,7 +108,8 @@ func TestServerConfigFromFlagsAndEnv(t *testing.T) {
 		}
 		want := server.Config{}.WithDefaults()
 		if cfg.Addr != want.Addr || cfg.DB != want.DB || cfg.Lease != want.Lease || cfg.SweepInterval != want.SweepInterval ||
-			cfg.MaxBodyBytes != want.MaxBodyBytes || cfg.MaxRunning != 0 || cfg.MaxActive != 0 || cfg.NoMigrate || cfg.AuthDisabled {
+			cfg.MaxBodyBytes != want.MaxBodyBytes || cfg.MaxRunning != 0 || cfg.MaxActive != 0 || cfg.NoMigrate || cfg.AuthDisabled ||
+			cfg.HandoverDepth != 2 {
 			t.Fatalf("config = %+v, want the defaults %+v", cfg, want)
 		}
 		if cfg.Logger == nil {
@@ -130,13 +131,14 @@ func TestServerConfigFromFlagsAndEnv(t *testing.T) {
 			"SLUICE_MAX_BODY_BYTES": "2048",
 			"SLUICE_NO_MIGRATE":     "true",
 			"SLUICE_LOG_LEVEL":      "debug",
+			"SLUICE_HANDOVER_DEPTH": "1",
 		})
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
 		if cfg.Addr != "0.0.0.0:9000" || cfg.DB != "sqlite:/tmp/x.db" || cfg.AdminToken != "adm" || cfg.WorkerToken != "wrk" ||
 			cfg.MaxRunning != 50 || cfg.MaxActive != 1000 || cfg.Lease != time.Minute || cfg.SweepInterval != 2*time.Second ||
-			cfg.MaxBodyBytes != 2048 || !cfg.NoMigrate {
+			cfg.MaxBodyBytes != 2048 || !cfg.NoMigrate || cfg.HandoverDepth != 1 {
 			t.Fatalf("config = %+v, want the environment's values", cfg)
 		}
 		if !cfg.Logger.Enabled(t.Context(), slog.LevelDebug) {
@@ -210,6 +212,8 @@ func TestValidateErrorsNameSetting(t *testing.T) {
 		{"provisioner interval too short", nil, append([]string{"--provisioner-interval", "10ms"}, tokens...), []string{"provisioner-interval:"}},
 		{"unknown dispatch", nil, append([]string{"--dispatch", "random"}, tokens...), []string{"dispatch:", "random"}},
 		{"unknown dispatch from env", map[string]string{"SLUICE_DISPATCH": "first"}, tokens, []string{"dispatch:", "SLUICE_DISPATCH"}},
+		{"handover depth too deep", nil, append([]string{"--handover-depth", "3"}, tokens...), []string{"handover-depth:", "want 1 or 2, got 3"}},
+		{"negative handover depth from env", map[string]string{"SLUICE_HANDOVER_DEPTH": "-1"}, tokens, []string{"handover-depth:", "SLUICE_HANDOVER_DEPTH"}},
 		{"no admin token", nil, []string{"--worker-token", "w"}, []string{"admin-token:"}},
 		{"no worker token", nil, []string{"--admin-token", "a"}, []string{"worker-token:"}},
 		{"same tokens", nil, []string{"--admin-token", "x", "--worker-token", "x"}, []string{"worker-token:"}},

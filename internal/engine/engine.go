@@ -62,6 +62,10 @@ type Config struct {
 	// Dispatch decides which waiting worker gets new work first (S-W8).
 	// Defaults to DispatchSpread.
 	Dispatch Dispatch
+	// HandoverDepth is how many successors a handover chain keeps
+	// reserved (store.Store.SetHandoverDepth). Defaults to
+	// store.HandoverDepth.
+	HandoverDepth int
 	// Clock defaults to the real clock.
 	Clock Clock
 	// Logger defaults to slog.Default().
@@ -90,6 +94,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Dispatch == "" {
 		c.Dispatch = DispatchSpread
+	}
+	if c.HandoverDepth == 0 {
+		c.HandoverDepth = store.HandoverDepth
 	}
 	if c.Retention == 0 {
 		c.Retention = 7 * 24 * time.Hour
@@ -122,6 +129,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max-active: must be ≥ 0, got %d", c.MaxActive)
 	case c.SweepInterval <= 0:
 		return fmt.Errorf("sweep-interval: must be > 0, got %s", c.SweepInterval)
+	case c.HandoverDepth < 1 || c.HandoverDepth > store.HandoverDepth:
+		return fmt.Errorf("handover-depth: want 1 or %d, got %d", store.HandoverDepth, c.HandoverDepth)
 	}
 	if _, err := ParseDispatch(string(c.Dispatch)); err != nil {
 		return err
@@ -172,6 +181,7 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	st.SetClock(cfg.Clock.Now)
+	st.SetHandoverDepth(cfg.HandoverDepth)
 	m := newMetrics(st)
 	enq := newEnqueuer(st, groupMaxTasks)
 	enq.onGroup = func(calls int) { m.triggerGroup.Observe(float64(calls)) }

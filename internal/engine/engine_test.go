@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -310,6 +311,13 @@ func TestExplain(t *testing.T) {
 		require.Equal(t, "started", res.Results[0].Next)
 		require.Equal(t, sluice.StateRunning, f.get(next.ID).State)
 		require.Equal(t, 1.0, f.counter("sluice_handovers_total"))
+	})
+	t.Run("handover depth", func(t *testing.T) {
+		for _, depth := range []int{0, 1, 2} {
+			t.Run(fmt.Sprint(depth), func(t *testing.T) { handoverDepth(t, depth) })
+		}
+		_, err := engine.New(nil, engine.Config{HandoverDepth: 3})
+		require.ErrorContains(t, err, "handover-depth: want 1 or 2, got 3")
 	})
 	t.Run("backing off", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
@@ -815,4 +823,20 @@ func TestRecordedTimesFollowCommitOrder(t *testing.T) {
 	started := *f.get(b.ID).StartedAt
 	require.False(t, started.Before(finished), "task %d recorded as started at %s, before task %d freed the queue's only slot at %s",
 		b.ID, started.Format(time.RFC3339Nano), a.ID, finished.Format(time.RFC3339Nano))
+}
+
+// handoverDepth: a claim from a full handover queue brings the task and
+// the chain of successors the engine's HandoverDepth asks for.
+func handoverDepth(t *testing.T, depth int) {
+	f := newFixture(t, engine.Config{HandoverDepth: depth})
+	one := 1
+	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
+	require.NoError(t, err)
+	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
+	require.NoError(t, err)
+	for range 4 {
+		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
+	}
+	want := 1 + cmp.Or(depth, 2) // the task and its chain; 0 is the default, 2
+	require.Len(t, f.claim(reg.ID, 10), want, "depth %d", depth)
 }
