@@ -744,6 +744,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 			// lost its lease.
 			old.state.Store(stLost)
 			old.cancel(errLeaseLost)
+			w.dropChainLocked(old, stLost, errLeaseLost)
 		}
 		w.held[ct.ID] = tr
 	}
@@ -908,41 +909,47 @@ func (w *Worker) execute(tr *taskRun) {
 // it detaches tr's reserved successor and, unless the worker is stopping
 // or the successor was lost or released meanwhile, marks it running on
 // tr's slot, names it in tr's result (TaskResult.Next) and returns it.
+// A successor that does not start takes the tasks reserved behind it
+// along (dropChainLocked).
 func (w *Worker) handOver(tr *taskRun) *taskRun {
+	var release []int64
 	w.mu.Lock()
 	next := tr.next
-	tr.next, tr.ended = nil, true
-	w.mu.Unlock()
-	if next == nil {
-		return nil
-	}
-	if w.stopping.Load() || w.bp.holding() {
+	tr.ended = true
+	switch {
+	case next == nil:
+	case w.stopping.Load() || w.bp.holding():
 		// Unstarted at shutdown: hand it back, as the shutdown does with
 		// every unstarted task (unless it got there first). Under
 		// backpressure too: the freed slot goes back through a claim,
 		// which backpressure paces.
-		w.releaseUnstarted(next)
-		return nil
-	}
-	if next.ctx.Err() != nil {
+		release = w.dropChainLocked(tr, stReleased, errShutdown)
+		next = nil
+	case next.ctx.Err() != nil || tr.state.Load() == stLost:
 		// Cancelled by the server while reserved: it has ended there
-		// already, so it neither starts nor goes back.
-		w.mu.Lock()
-		if next.state.CompareAndSwap(stClaimed, stLost) && w.held[next.tc.ID] == next {
-			delete(w.held, next.tc.ID)
-		}
-		w.mu.Unlock()
-		return nil
+		// already, so it neither starts nor goes back. Or tr was lost
+		// since its handler ended (lease, or its own hand-over answered
+		// "lost"): the server took its successors back with it.
+		w.dropChainLocked(tr, stLost, errLeaseLost)
+		next = nil
+	case !next.state.CompareAndSwap(stClaimed, stRunning):
+		// Lost or released meanwhile: what it would have handed over
+		// to goes with it.
+		w.dropChainLocked(tr, stLost, errLeaseLost)
+		next = nil
+	default:
+		// Under w.mu with the checks above, so that settleHandovers
+		// finds through succ every run a lost hand-over started.
+		tr.next = nil
+		tr.result.Next = next.tc.ID
+		tr.succ = next
+		next.pred = tr
+		next.predQueued = make(chan struct{})
 	}
-	if !next.state.CompareAndSwap(stClaimed, stRunning) {
-		return nil // lost or released meanwhile
-	}
-	tr.result.Next = next.tc.ID
-	w.mu.Lock()
-	tr.succ = next
 	w.mu.Unlock()
-	next.pred = tr
-	next.predQueued = make(chan struct{})
+	if len(release) > 0 {
+		w.releaseNow(release)
+	}
 	return next
 }
 
@@ -984,35 +991,47 @@ func (w *Worker) releaseHeld(sent []*taskRun) {
 }
 
 // endRun notes that tr's handler has ended (or will never run) without a
-// result to send, and settles its reserved successor: lost with tr when
-// tr's lease is lost (the server took the reservation back with it);
+// result to send, and settles its reserved successors: lost with tr when
+// tr's lease is lost (the server took the reservations back with it);
 // otherwise left held and unstarted, for the shutdown to release.
 func (w *Worker) endRun(tr *taskRun) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	next := tr.next
-	tr.next, tr.ended = nil, true
-	if next != nil && tr.state.Load() == stLost && next.state.CompareAndSwap(stClaimed, stLost) {
-		next.cancel(errLeaseLost)
-		if w.held[next.tc.ID] == next {
-			delete(w.held, next.tc.ID)
-		}
+	tr.ended = true
+	if tr.state.Load() == stLost {
+		w.dropChainLocked(tr, stLost, errLeaseLost)
 	}
+	tr.next = nil
 }
 
-// releaseUnstarted releases a held task that has not started, unless
-// someone else decided its fate first.
-func (w *Worker) releaseUnstarted(tr *taskRun) {
-	if !tr.state.CompareAndSwap(stClaimed, stReleased) {
-		return
+// dropChainLocked detaches the reserved successors behind tr (tr.next,
+// its next, and so on) and drops each that is still unstarted: its state
+// becomes st, its context is cancelled with cause and it leaves held. The
+// server reserves each after the one before and takes the rest of a
+// chain back when a link stops being reserved, so a chain never outlives
+// its head here. None has started (handOver detaches a successor before
+// starting it), and none holds a slot. It returns the ids it took out of
+// held, in chain order, for a release call when st is stReleased; one
+// held again under a newer run (the server handed it out again) is left
+// to that run. w.mu must be held.
+func (w *Worker) dropChainLocked(tr *taskRun, st int32, cause error) []int64 {
+	var ids []int64
+	for s := tr; s.next != nil; {
+		n := s.next
+		s.next = nil
+		n.ended = true // a successor arriving for it now is late
+		if n.state.CompareAndSwap(stClaimed, st) {
+			n.cancel(cause)
+			if w.held[n.tc.ID] == n {
+				delete(w.held, n.tc.ID)
+				ids = append(ids, n.tc.ID)
+			}
+		}
+		// A link decided already (lost or released) may still have
+		// successors of its own behind it.
+		s = n
 	}
-	tr.cancel(errShutdown)
-	w.mu.Lock()
-	if w.held[tr.tc.ID] == tr {
-		delete(w.held, tr.tc.ID)
-	}
-	w.mu.Unlock()
-	w.releaseNow([]int64{tr.tc.ID})
+	return ids
 }
 
 // call runs the handler h, turning a panic into an error.
@@ -1050,25 +1069,25 @@ func (w *Worker) cancelTasks(ids []int64, cause error) {
 func (w *Worker) loseTasks(ids []int64) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	lose := func(id int64, tr *taskRun) {
+	// The server takes back what it reserved behind a lost task too.
+	lose := func(id int64, tr *taskRun) int {
 		tr.state.Store(stLost)
 		tr.cancel(errLeaseLost)
 		delete(w.held, id)
+		return 1 + len(w.dropChainLocked(tr, stLost, errLeaseLost))
 	}
 	n := 0
 	if ids == nil {
 		for id, tr := range w.held {
 			if tr.state.CompareAndSwap(stClaimed, stLost) || tr.state.CompareAndSwap(stRunning, stLost) {
-				lose(id, tr)
-				n++
+				n += lose(id, tr)
 			}
 		}
 		return n
 	}
 	for _, id := range ids {
 		if tr := w.held[id]; tr != nil {
-			lose(id, tr)
-			n++
+			n += lose(id, tr)
 		}
 	}
 	return n
@@ -1387,10 +1406,16 @@ func (w *Worker) settleHandovers(sent []*taskRun, acks []ResultAck) {
 		}
 		w.log.Warn("the server did not start the successor handed this task's slot; stopped it and dropped its result",
 			"task_id", tr.tc.ID, "next", next.tc.ID)
-		next.state.Store(stLost)
-		next.cancel(errLeaseLost)
-		if w.held[next.tc.ID] == next {
-			delete(w.held, next.tc.ID)
+		// What next handed its own slot to ran on the server's
+		// reservation behind next, which the server took back with it:
+		// stop it too, and drop whatever waits behind each.
+		for s := next; s != nil; s = s.succ {
+			s.state.Store(stLost)
+			s.cancel(errLeaseLost)
+			if w.held[s.tc.ID] == s {
+				delete(w.held, s.tc.ID)
+			}
+			w.dropChainLocked(s, stLost, errLeaseLost)
 		}
 	}
 }

@@ -1,0 +1,458 @@
+package sluice
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Handover two deep: a server may keep two reserved successors behind a
+// running task, P → S1 → S2 (S1.After = P, S2.After = S1). S1 starts on
+// P's slot when P ends and S2 on S1's when S1 ends; whenever S1 does not
+// start, S2 goes with it, never run and no longer held.
+
+// chainClaims makes f's first claim hand out its first ready task to run
+// with the next two reserved behind it, each after the one before, in
+// chain order; later claims wait. f.handover must be off (it would
+// reserve one more).
+func chainClaims(f *fakeBackend) {
+	var claimed atomic.Bool
+	f.claimHook = func(ctx context.Context, _ ClaimParams) (*ClaimResult, error) {
+		if claimed.CompareAndSwap(false, true) {
+			var tasks []ClaimedTask
+			f.locked(func() {
+				tasks = f.leaseOutLocked(1)
+				tasks = append(tasks, f.reserveLocked(tasks[0].ID))
+				tasks = append(tasks, f.reserveLocked(tasks[1].ID))
+			})
+			return &ClaimResult{Tasks: tasks}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+}
+
+// heldIDs returns the ids w holds.
+func heldIDs(w *Worker) []int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]int64, 0, len(w.held))
+	for id := range w.held {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// ranSet records which handlers ran.
+type ranSet struct{ m sync.Map }
+
+func (r *ranSet) add(id int64) { r.m.Store(id, true) }
+
+func (r *ranSet) has(id int64) bool {
+	_, ok := r.m.Load(id)
+	return ok
+}
+
+// callLog records when each complete call is sent and when it returns.
+type callLog struct {
+	*fakeBackend
+	mu     sync.Mutex
+	events []callEvent
+}
+
+type callEvent struct {
+	returned bool
+	ids      []int64 // the tasks whose results it carries
+}
+
+func (c *callLog) Complete(ctx context.Context, workerID string, p CompleteParams) (*CompleteResult, error) {
+	c.note(false, p)
+	res, err := c.fakeBackend.Complete(ctx, workerID, p)
+	c.note(true, p)
+	return res, err
+}
+
+func (c *callLog) note(returned bool, p CompleteParams) {
+	ids := make([]int64, len(p.Results))
+	for i, r := range p.Results {
+		ids[i] = r.TaskID
+	}
+	c.mu.Lock()
+	c.events = append(c.events, callEvent{returned, ids})
+	c.mu.Unlock()
+}
+
+// first returns the index of the first event (a send, or a return) of a
+// call carrying id's result, or -1.
+func (c *callLog) first(returned bool, id int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.IndexFunc(c.events, func(e callEvent) bool {
+		return e.returned == returned && slices.Contains(e.ids, id)
+	})
+}
+
+// Each successor starts on the one slot the moment the task before it
+// ends, while the call carrying the first result hangs; each result names
+// the next; and a result goes only once the call carrying its
+// predecessor's has returned.
+func TestWorkerChainHandsOverTwice(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	chainClaims(f)
+	ids := f.add(3, ClaimedTask{})
+	gate := make(chan struct{})
+	openGate := sync.OnceFunc(func() { close(gate) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate // the call carrying the first result hangs
+		}
+	}
+	calls := &callLog{fakeBackend: f}
+	started := make(chan int64, 3)
+	var peak peakTracker
+	w := NewWorker(calls, WorkerConfig{Slots: 1, Logger: quiet})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		peak.enter()
+		defer peak.leave()
+		started <- tc.ID
+		return json.RawMessage(strconv.FormatInt(tc.ID, 10)), nil
+	})
+	stop := runWorker(t, w)
+	t.Cleanup(openGate) // runs before stop on failure
+
+	for _, id := range ids {
+		select {
+		case got := <-started:
+			require.Equal(t, id, got)
+		case <-time.After(waitFor):
+			t.Fatalf("task %d did not start while the first call hung", id)
+		}
+	}
+	require.Zero(t, w.free.Load(), "the successors run on the first task's slot")
+	require.Equal(t, -1, calls.first(false, ids[1]), "a result went before its predecessor's call returned")
+	openGate()
+	<-f.resultsReached(3)
+	require.NoError(t, stop())
+
+	require.Equal(t, int64(1), peak.peak.Load())
+	require.Equal(t, int64(1), w.free.Load())
+	for i := 1; i < len(ids); i++ {
+		ret, sent := calls.first(true, ids[i-1]), calls.first(false, ids[i])
+		require.NotEqual(t, -1, ret)
+		require.Greater(t, sent, ret, "task %d's result went before the call with %d's returned", ids[i], ids[i-1])
+	}
+	f.locked(func() {
+		want := map[int64]int64{ids[0]: ids[1], ids[1]: ids[2], ids[2]: 0}
+		for id, next := range want {
+			require.Len(t, f.results[id], 1, "task %d", id)
+			require.Equal(t, next, f.results[id][0].Next, "task %d", id)
+			require.Equal(t, 1, f.reported[id], "task %d", id)
+		}
+		require.Empty(t, f.released)
+		require.Zero(t, f.sameCallHandovers)
+	})
+	require.Empty(t, heldIDs(w))
+}
+
+// Under backpressure the first task hands over to nobody: both reserved
+// successors go back in the release, unstarted, and leave held at once.
+func TestWorkerChainReleasedUnderBackpressure(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	f.lease, f.interval = 3*time.Hour, time.Hour // no heartbeat samples
+	chainClaims(f)
+	ids := f.add(3, ClaimedTask{})
+	var ran ranSet
+	w := newTestWorker(f, WorkerConfig{Slots: 1, MemoryUsage: func() (float64, error) { return 0.99, nil }})
+	w.bp.every = time.Hour
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran.add(tc.ID)
+		return nil, nil
+	})
+	// The first claim samples 0.99: backpressure holds from then on.
+	stop := runWorker(t, w)
+	<-f.resultsReached(1)
+	// Before the shutdown, which would release whatever is still held.
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.released) == 2
+	}, waitFor, tick)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick)
+	require.Equal(t, int64(1), w.free.Load())
+	require.NoError(t, stop())
+
+	require.True(t, w.bp.holding())
+	require.False(t, ran.has(ids[1]) || ran.has(ids[2]), "a released successor ran")
+	f.locked(func() {
+		require.Equal(t, []int64{ids[1], ids[2]}, f.released, "in chain order")
+		require.Zero(t, f.results[ids[0]][0].Next)
+	})
+	require.Equal(t, int64(1), w.free.Load())
+}
+
+// A first successor cancelled by the server while reserved neither
+// starts nor goes back, and the one behind it goes with it (the server
+// queues that one again itself).
+func TestWorkerChainCancelledSuccessor(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	chainClaims(f)
+	ids := f.add(3, ClaimedTask{})
+	var ran ranSet
+	finish := make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran.add(tc.ID)
+		if tc.ID == ids[0] {
+			<-finish
+		}
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	release := sync.OnceFunc(func() { close(finish) })
+	t.Cleanup(release)
+	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+	f.cancelViaHeartbeat(ids[1])
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		tr := w.held[ids[1]]
+		return tr != nil && tr.ctx.Err() != nil
+	}, waitFor, tick)
+	release()
+	<-f.resultsReached(1)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+	f.locked(func() { require.Empty(t, f.released, "the server queues them again itself") })
+	require.NoError(t, stop())
+
+	require.False(t, ran.has(ids[1]) || ran.has(ids[2]), "a dropped successor ran")
+	f.locked(func() {
+		require.Zero(t, f.results[ids[0]][0].Next)
+		require.Zero(t, f.reported[ids[1]]+f.reported[ids[2]])
+	})
+}
+
+// A lost lease, of the running task or of its first reserved successor,
+// loses what is reserved behind it at once: never run, no longer held,
+// not released (the server took it back), with no slot freed for it.
+func TestWorkerChainLostLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		lose int // index in the chain
+	}{
+		{"running task", 0},
+		{"first successor", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeBackend()
+			chainClaims(f)
+			ids := f.add(3, ClaimedTask{})
+			var ran ranSet
+			finish := make(chan struct{})
+			w := newTestWorker(f, WorkerConfig{Slots: 1})
+			w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+				ran.add(tc.ID)
+				if tc.ID == ids[0] {
+					<-finish // ignores ctx: the chain must go before it returns
+				}
+				return nil, nil
+			})
+			stop := runWorker(t, w)
+			release := sync.OnceFunc(func() { close(finish) })
+			t.Cleanup(release)
+			require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+			f.loseViaHeartbeat(ids[tc.lose])
+			want := ids[:tc.lose]
+			require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), want) }, waitFor, tick)
+			require.Zero(t, w.free.Load(), "the first task still runs on the slot")
+			release()
+			require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+			f.locked(func() { require.Empty(t, f.released) })
+			require.NoError(t, stop())
+
+			require.False(t, ran.has(ids[1]) || ran.has(ids[2]), "a lost successor ran")
+			f.locked(func() {
+				require.Zero(t, f.reported[ids[1]]+f.reported[ids[2]])
+				if tc.lose == 0 {
+					require.Zero(t, f.reported[ids[0]], "a lost task's result is dropped")
+				} else {
+					require.Zero(t, f.results[ids[0]][0].Next)
+				}
+			})
+		})
+	}
+}
+
+// A hand-over answered "lost" after the first successor has ended and
+// handed its slot to the second: the second ran on a reservation the
+// server took back with the first, so it is stopped too, its result
+// dropped and its slot freed.
+func TestWorkerChainLostAckStopsStartedSuccessor(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	chainClaims(f)
+	ids := f.add(3, ClaimedTask{})
+	f.cancelReserved[ids[1]] = true
+	gate := make(chan struct{})
+	openGate := sync.OnceFunc(func() { close(gate) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate // the hand-over to the first successor hangs
+		}
+	}
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		if tc.ID != ids[2] {
+			return nil, nil
+		}
+		return h.handle(ctx, tc)
+	})
+	stop := runWorker(t, w)
+	t.Cleanup(openGate)
+	require.Equal(t, ids[2], <-h.started, "handed over twice while the first call hangs")
+	openGate()
+	select {
+	case cause := <-h.causes:
+		require.ErrorIs(t, cause, errLeaseLost)
+	case <-time.After(waitFor):
+		t.Fatal("the second successor went on running")
+	}
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+	require.NoError(t, stop())
+	f.locked(func() {
+		require.Equal(t, ids[1], f.results[ids[0]][0].Next)
+		require.Zero(t, f.reported[ids[1]]+f.reported[ids[2]], "a lost successor's result is dropped")
+		require.Empty(t, f.released)
+	})
+}
+
+// A hand-over answered "lost" while the first successor still runs drops
+// the one reserved behind it at once, before the first's handler returns.
+func TestWorkerChainLostAckDropsReserved(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	chainClaims(f)
+	ids := f.add(3, ClaimedTask{})
+	f.cancelReserved[ids[1]] = true
+	gate := make(chan struct{})
+	openGate := sync.OnceFunc(func() { close(gate) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate
+		}
+	}
+	var ran ranSet
+	started, finish := make(chan int64, 3), make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran.add(tc.ID)
+		started <- tc.ID
+		if tc.ID == ids[1] {
+			<-finish // ignores ctx: the second must go before it returns
+		}
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	t.Cleanup(openGate)
+	release := sync.OnceFunc(func() { close(finish) })
+	t.Cleanup(release)
+	require.Equal(t, ids[0], <-started)
+	require.Equal(t, ids[1], <-started)
+	openGate()
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick)
+	require.Zero(t, w.free.Load(), "the first successor still runs on the slot")
+	release()
+	require.Eventually(t, func() bool { return w.free.Load() == 1 }, waitFor, tick)
+	require.NoError(t, stop())
+	require.False(t, ran.has(ids[2]), "the second successor ran")
+	f.locked(func() {
+		require.Zero(t, f.reported[ids[1]]+f.reported[ids[2]])
+		require.Empty(t, f.released)
+	})
+}
+
+// A first successor the server hands out again to run (its reservation
+// gone, say with the running task's lease) runs as a task of its own; the
+// one reserved behind its old reservation goes at once, unrun, and the
+// running task then hands over to nobody.
+func TestWorkerChainSuccessorHandedOutAgain(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	ids := f.add(3, ClaimedTask{})
+	again := make(chan struct{})
+	var claims atomic.Int32
+	f.claimHook = func(ctx context.Context, _ ClaimParams) (*ClaimResult, error) {
+		switch claims.Add(1) {
+		case 1:
+			var tasks []ClaimedTask
+			f.locked(func() {
+				tasks = f.leaseOutLocked(1)
+				tasks = append(tasks, f.reserveLocked(tasks[0].ID))
+				tasks = append(tasks, f.reserveLocked(tasks[1].ID))
+			})
+			return &ClaimResult{Tasks: tasks}, nil
+		case 2:
+			select {
+			case <-again:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			var task ClaimedTask
+			f.locked(func() {
+				task = f.tasks[ids[1]]
+				task.After, task.Attempt = 0, task.Attempt+1
+				delete(f.reserved, ids[1])
+				delete(f.succOf, ids[0])
+				f.leased[ids[1]] = task.Attempt
+			})
+			return &ClaimResult{Tasks: []ClaimedTask{task}}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	var ran ranSet
+	finish := make(chan struct{})
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran.add(tc.ID)
+		if tc.ID == ids[0] {
+			<-finish
+		}
+		return nil, nil
+	})
+	stop := runWorker(t, w)
+	release := sync.OnceFunc(func() { close(finish) })
+	t.Cleanup(release)
+	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+	close(again)
+	<-f.resultsReached(1)
+	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids[:1]) }, waitFor, tick,
+		"the old reservation's chain goes with it")
+	release()
+	<-f.resultsReached(2)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 2 }, waitFor, tick)
+	require.NoError(t, stop())
+	require.False(t, ran.has(ids[2]), "the successor of a stale reservation ran")
+	f.locked(func() {
+		require.Zero(t, f.results[ids[0]][0].Next)
+		require.Equal(t, 2, f.results[ids[1]][0].Attempt)
+		require.Zero(t, f.reported[ids[2]])
+		require.Empty(t, f.released)
+	})
+}
