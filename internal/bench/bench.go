@@ -76,6 +76,9 @@ type Config struct {
 	// has it on: a worker starts the next task on the slot the moment
 	// the one before ends).
 	SlowNoHandover bool
+	// HandoverDepth is the server's handover depth (server.Config); 0
+	// is its default (2).
+	HandoverDepth int
 	// Bulk is how (d) writes its blocked backlog: TriggerMany calls or
 	// one SQL statement. BulkAuto (the zero value) uses SQL above 100000
 	// tasks.

@@ -98,7 +98,7 @@ func (r *Results) Compare(p *Peer) []Comparison {
 	if sl := r.Slow; sl != nil && p.LimitedPctOfIdeal != nil {
 		ok := sl.PercentOfIdeal >= TargetPercentOfIdeal
 		out = append(out, Comparison{
-			Measure: fmt.Sprintf("limited queue: %d × %.0f ms under a limit of %d, %% of ideal (sluice (e), handover %s; River limited, MaxWorkers %d)", sl.Tasks, sl.SleepMS, sl.Limit, onOff(sl.Handover), p.LimitedWorkers),
+			Measure: fmt.Sprintf("limited queue: %d × %.0f ms under a limit of %d, %% of ideal (sluice (e), handover %s; River limited, MaxWorkers %d)", sl.Tasks, sl.SleepMS, sl.Limit, sl.handoverText(), p.LimitedWorkers),
 			Sluice:  sl.PercentOfIdeal, Peer: *p.LimitedPctOfIdeal, Unit: "% of ideal", Ratio: sl.PercentOfIdeal / *p.LimitedPctOfIdeal,
 			Target: fmt.Sprintf("sluice ≥ %d%%", TargetPercentOfIdeal), Met: &ok,
 		})

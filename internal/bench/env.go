@@ -80,11 +80,12 @@ func newEnv(ctx context.Context, cfg *Config, name string, o envOptions) (_ *env
 	}
 	e.db.SetMaxOpenConns(2)
 	e.srv, err = server.Open(ctx, server.Config{
-		Addr:         "127.0.0.1:0",
-		DB:           dbURL,
-		AuthDisabled: true,
-		Lease:        o.lease,
-		Logger:       cfg.Logger,
+		Addr:          "127.0.0.1:0",
+		DB:            dbURL,
+		AuthDisabled:  true,
+		Lease:         o.lease,
+		HandoverDepth: cfg.HandoverDepth,
+		Logger:        cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening server: %w", err)

@@ -158,7 +158,7 @@ func (r *Results) Markdown(command string) string {
 	}
 	if sl := r.Slow; sl != nil {
 		p("| (e) %s tasks of %.0f ms under queue limit %d, handover %s | %.2f s against an ideal %.2f s = %.1f%% of ideal (at most %d at once; handlers slept %.2f ms on average, slots busy %.1f%%) | ≥ %d%% of ideal | %s |\n",
-			thousands(float64(sl.Tasks)), sl.SleepMS, sl.Limit, onOff(sl.Handover), sl.Seconds, sl.IdealSeconds, sl.PercentOfIdeal, sl.MaxConcurrent, sl.SleptMS, sl.PercentBusy,
+			thousands(float64(sl.Tasks)), sl.SleepMS, sl.Limit, sl.handoverText(), sl.Seconds, sl.IdealSeconds, sl.PercentOfIdeal, sl.MaxConcurrent, sl.SleptMS, sl.PercentBusy,
 			TargetPercentOfIdeal, met(sl.PercentOfIdeal >= TargetPercentOfIdeal && sl.MaxConcurrent <= sl.Limit))
 	}
 

@@ -9,7 +9,16 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
 )
+
+// handoverText says whether (e) ran with handover, and at what depth.
+func (r *SlowResult) handoverText() string {
+	if !r.Handover {
+		return "off"
+	}
+	return fmt.Sprintf("on (depth %d)", r.HandoverDepth)
+}
 
 // SlowResult is what (e) measured: a queue whose concurrency limit is
 // the bottleneck, running tasks that take a while. The ideal is the limit
@@ -18,9 +27,11 @@ type SlowResult struct {
 	Tasks   int     `json:"tasks"`
 	Limit   int     `json:"limit"`
 	SleepMS float64 `json:"sleep_ms"`
-	// Handover: the queue had handover on (QueueParams.Handover).
-	Handover     bool    `json:"handover"`
-	IdealSeconds float64 `json:"ideal_seconds"`
+	// Handover: the queue had handover on (QueueParams.Handover), with
+	// the server's handover depth.
+	Handover      bool    `json:"handover"`
+	HandoverDepth int     `json:"handover_depth"`
+	IdealSeconds  float64 `json:"ideal_seconds"`
 	// Seconds from the first task's start to the last one's finish, as
 	// the server recorded them.
 	Seconds float64 `json:"seconds"`
@@ -55,10 +66,11 @@ func RunSlowLimited(ctx context.Context, cfg Config) (*SlowResult, error) {
 	}
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	r := &SlowResult{Tasks: cfg.SlowTasks, Limit: cfg.SlowLimit, SleepMS: float64(ms(cfg.SlowSleep)), Handover: !cfg.SlowNoHandover}
+	r := &SlowResult{Tasks: cfg.SlowTasks, Limit: cfg.SlowLimit, SleepMS: float64(ms(cfg.SlowSleep)), Handover: !cfg.SlowNoHandover,
+		HandoverDepth: cmp.Or(cfg.HandoverDepth, store.HandoverDepth)}
 	ideal := time.Duration(cfg.SlowTasks) * cfg.SlowSleep / time.Duration(cfg.SlowLimit)
 	r.IdealSeconds = ideal.Seconds()
-	cfg.progress("(e) limited queue: %d tasks of sleep %s under queue limit %d, handover %s (ideal %s)", r.Tasks, cfg.SlowSleep, r.Limit, onOff(r.Handover), ideal)
+	cfg.progress("(e) limited queue: %d tasks of sleep %s under queue limit %d, handover %s (depth %d) (ideal %s)", r.Tasks, cfg.SlowSleep, r.Limit, onOff(r.Handover), r.HandoverDepth, ideal)
 
 	e, err := newEnv(ctx, &cfg, "slow", envOptions{})
 	if err != nil {
