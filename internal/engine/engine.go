@@ -668,12 +668,17 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 		if a.Status == "ok" {
 			e.metrics.finished(p.Results[i])
 			failed = failed || p.Results[i].Error != ""
-			freed = true
+			// A result that handed over passed its slot on: nothing
+			// freed there for a claim to take.
+			freed = freed || a.Next != "started"
 		}
 	}
 	if freed && !piggyback {
 		// Its long-poll may now claim more (unless the claim above
-		// already took what it could).
+		// already took what it could). Not after hand-overs alone: on
+		// a full handover queue every completion would wake it for a
+		// claim transaction that finds nothing and queues for the env
+		// lock ahead of the next hand-over.
 		e.disp.wakeWorker(workerID)
 	}
 	if failed {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 type spyStore struct {
 	store.Store
 	claims chan int
+	looks  atomic.Int64 // claim transactions run
 	// beforeClaim, if set, runs before each claim transaction: a test can
 	// hold a claim there as if it waited for the write lock.
 	beforeClaim func()
@@ -63,6 +65,7 @@ func (s *spyStore) Claim(ctx context.Context, workerID string, max int, lease ti
 		s.beforeClaim()
 	}
 	tasks, err := s.Store.Claim(ctx, workerID, max, lease, seq)
+	s.looks.Add(1)
 	select {
 	case s.claims <- len(tasks):
 	default:

@@ -197,3 +197,39 @@ func TestCompleteClaimYieldWakesOwnLongPoll(t *testing.T) {
 	require.Len(t, got.Tasks, 1, "the long-poll was not woken for the readied task")
 	require.Equal(t, second.ID, got.Tasks[0].ID)
 }
+
+// A completion whose results all hand over passes their slots on: the
+// worker's long-poll is not woken for a claim that could find nothing
+// (on a full handover queue that would be one useless transaction per
+// completion, each queued for the env lock ahead of the next hand-over).
+// A result that frees its slot still wakes it.
+func TestHandoverDoesNotWakeOwnLongPoll(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	one := 1
+	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
+	require.NoError(t, err)
+	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
+	require.NoError(t, err)
+	for range 5 {
+		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
+	}
+	got := f.claim(reg.ID, 10)
+	require.Len(t, got, 3, "the task and its chain of two")
+	const wait = 500 * time.Millisecond
+	parked := f.parkClaim(reg.ID, wait)
+	looks := f.spy.looks.Load()
+	res, err := f.e.Complete(f.ctx, reg.ID, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: got[0].ID, Attempt: 1, Next: got[1].ID}}})
+	require.NoError(t, err)
+	require.Equal(t, "started", res.Results[0].Next)
+	ans, _ := awaitClaim(t, parked, wait)
+	require.Empty(t, ans.Tasks)
+	require.Equal(t, looks, f.spy.looks.Load(), "no claim transaction after a hand-over")
+
+	// A result without a hand-over frees its slot: the long-poll looks.
+	parked = f.parkClaim(reg.ID, time.Minute)
+	res, err = f.e.Complete(f.ctx, reg.ID, sluice.CompleteParams{Results: []sluice.TaskResult{{TaskID: got[1].ID, Attempt: 1}}})
+	require.NoError(t, err)
+	require.Empty(t, res.Results[0].Next)
+	ans, _ = awaitClaim(t, parked, 20*time.Second)
+	require.NotEmpty(t, ans.Tasks, "woken well before its minute, for the task the refill promoted")
+}
