@@ -18,6 +18,18 @@ import (
 // P's slot when P ends and S2 on S1's when S1 ends; whenever S1 does not
 // start, S2 goes with it, never run and no longer held.
 
+// chainOf3 leases the fake's next task out with a chain of two reserved
+// behind it, as a claim at handover depth 2 answers.
+func chainOf3(f *fakeBackend) *ClaimResult {
+	var tasks []ClaimedTask
+	f.locked(func() {
+		tasks = f.leaseOutLocked(1)
+		tasks = append(tasks, f.reserveLocked(tasks[0].ID))
+		tasks = append(tasks, f.reserveLocked(tasks[1].ID))
+	})
+	return &ClaimResult{Tasks: tasks}
+}
+
 // chainClaims makes f's first claim hand out its first ready task to run
 // with the next two reserved behind it, each after the one before, in
 // chain order; later claims wait. f.handover must be off (it would
@@ -26,17 +38,34 @@ func chainClaims(f *fakeBackend) {
 	var claimed atomic.Bool
 	f.claimHook = func(ctx context.Context, _ ClaimParams) (*ClaimResult, error) {
 		if claimed.CompareAndSwap(false, true) {
-			var tasks []ClaimedTask
-			f.locked(func() {
-				tasks = f.leaseOutLocked(1)
-				tasks = append(tasks, f.reserveLocked(tasks[0].ID))
-				tasks = append(tasks, f.reserveLocked(tasks[1].ID))
-			})
-			return &ClaimResult{Tasks: tasks}, nil
+			return chainOf3(f), nil
 		}
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
+}
+
+// blockedChain starts a worker of slots whose handler notes each task it
+// runs and holds the chain's running task, ids[0], until release (it
+// ignores its context: what a test drops must go before it returns), and
+// returns once the worker holds the whole chain.
+func blockedChain(t *testing.T, f *fakeBackend, slots int, ids []int64) (w *Worker, ran *ranSet, release func(), stop func() error) {
+	t.Helper()
+	ran = &ranSet{}
+	finish := make(chan struct{})
+	w = newTestWorker(f, WorkerConfig{Slots: slots})
+	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
+		ran.add(tc.ID)
+		if tc.ID == ids[0] {
+			<-finish
+		}
+		return nil, nil
+	})
+	stop = runWorker(t, w)
+	release = sync.OnceFunc(func() { close(finish) })
+	t.Cleanup(release)
+	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+	return w, ran, release, stop
 }
 
 // heldIDs returns the ids w holds.
@@ -209,20 +238,7 @@ func TestWorkerChainCancelledSuccessor(t *testing.T) {
 	f := newFakeBackend()
 	chainClaims(f)
 	ids := f.add(3, ClaimedTask{})
-	var ran ranSet
-	finish := make(chan struct{})
-	w := newTestWorker(f, WorkerConfig{Slots: 1})
-	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
-		ran.add(tc.ID)
-		if tc.ID == ids[0] {
-			<-finish
-		}
-		return nil, nil
-	})
-	stop := runWorker(t, w)
-	release := sync.OnceFunc(func() { close(finish) })
-	t.Cleanup(release)
-	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+	w, ran, release, stop := blockedChain(t, f, 1, ids)
 	f.cancelViaHeartbeat(ids[1])
 	require.Eventually(t, func() bool {
 		w.mu.Lock()
@@ -260,20 +276,7 @@ func TestWorkerChainLostLease(t *testing.T) {
 			f := newFakeBackend()
 			chainClaims(f)
 			ids := f.add(3, ClaimedTask{})
-			var ran ranSet
-			finish := make(chan struct{})
-			w := newTestWorker(f, WorkerConfig{Slots: 1})
-			w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
-				ran.add(tc.ID)
-				if tc.ID == ids[0] {
-					<-finish // ignores ctx: the chain must go before it returns
-				}
-				return nil, nil
-			})
-			stop := runWorker(t, w)
-			release := sync.OnceFunc(func() { close(finish) })
-			t.Cleanup(release)
-			require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+			w, ran, release, stop := blockedChain(t, f, 1, ids)
 			f.loseViaHeartbeat(ids[tc.lose])
 			want := ids[:tc.lose]
 			require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), want) }, waitFor, tick)
@@ -296,24 +299,33 @@ func TestWorkerChainLostLease(t *testing.T) {
 	}
 }
 
+// lostHandOver scripts a chain of three whose hand-over to the first
+// successor will be answered "lost" (the server cancelled it meanwhile);
+// the complete call carrying it hangs until openGate (a test registers
+// it for cleanup after runWorker, so that it runs before the stop).
+func lostHandOver() (f *fakeBackend, ids []int64, openGate func()) {
+	f = newFakeBackend()
+	chainClaims(f)
+	ids = f.add(3, ClaimedTask{})
+	f.cancelReserved[ids[1]] = true
+	gate := make(chan struct{})
+	openGate = sync.OnceFunc(func() { close(gate) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate
+		}
+	}
+	return f, ids, openGate
+}
+
 // A hand-over answered "lost" after the first successor has ended and
 // handed its slot to the second: the second ran on a reservation the
 // server took back with the first, so it is stopped too, its result
 // dropped and its slot freed.
 func TestWorkerChainLostAckStopsStartedSuccessor(t *testing.T) {
 	t.Parallel()
-	f := newFakeBackend()
-	chainClaims(f)
-	ids := f.add(3, ClaimedTask{})
-	f.cancelReserved[ids[1]] = true
-	gate := make(chan struct{})
-	openGate := sync.OnceFunc(func() { close(gate) })
-	var completes atomic.Int32
-	f.beforeComplete = func(CompleteParams) {
-		if completes.Add(1) == 1 {
-			<-gate // the hand-over to the first successor hangs
-		}
-	}
+	f, ids, openGate := lostHandOver()
 	h := newBlockingHandler()
 	w := newTestWorker(f, WorkerConfig{Slots: 1})
 	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
@@ -345,18 +357,7 @@ func TestWorkerChainLostAckStopsStartedSuccessor(t *testing.T) {
 // the one reserved behind it at once, before the first's handler returns.
 func TestWorkerChainLostAckDropsReserved(t *testing.T) {
 	t.Parallel()
-	f := newFakeBackend()
-	chainClaims(f)
-	ids := f.add(3, ClaimedTask{})
-	f.cancelReserved[ids[1]] = true
-	gate := make(chan struct{})
-	openGate := sync.OnceFunc(func() { close(gate) })
-	var completes atomic.Int32
-	f.beforeComplete = func(CompleteParams) {
-		if completes.Add(1) == 1 {
-			<-gate
-		}
-	}
+	f, ids, openGate := lostHandOver()
 	var ran ranSet
 	started, finish := make(chan int64, 3), make(chan struct{})
 	w := newTestWorker(f, WorkerConfig{Slots: 1})
@@ -400,13 +401,7 @@ func TestWorkerChainSuccessorHandedOutAgain(t *testing.T) {
 	f.claimHook = func(ctx context.Context, _ ClaimParams) (*ClaimResult, error) {
 		switch claims.Add(1) {
 		case 1:
-			var tasks []ClaimedTask
-			f.locked(func() {
-				tasks = f.leaseOutLocked(1)
-				tasks = append(tasks, f.reserveLocked(tasks[0].ID))
-				tasks = append(tasks, f.reserveLocked(tasks[1].ID))
-			})
-			return &ClaimResult{Tasks: tasks}, nil
+			return chainOf3(f), nil
 		case 2:
 			select {
 			case <-again:
@@ -426,20 +421,7 @@ func TestWorkerChainSuccessorHandedOutAgain(t *testing.T) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	var ran ranSet
-	finish := make(chan struct{})
-	w := newTestWorker(f, WorkerConfig{Slots: 2})
-	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
-		ran.add(tc.ID)
-		if tc.ID == ids[0] {
-			<-finish
-		}
-		return nil, nil
-	})
-	stop := runWorker(t, w)
-	release := sync.OnceFunc(func() { close(finish) })
-	t.Cleanup(release)
-	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids) }, waitFor, tick)
+	w, ran, release, stop := blockedChain(t, f, 2, ids)
 	close(again)
 	<-f.resultsReached(1)
 	require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), ids[:1]) }, waitFor, tick,

@@ -296,11 +296,7 @@ func TestExplain(t *testing.T) {
 	})
 	t.Run("reserved", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
-		one := 1
-		_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
-		require.NoError(t, err)
-		reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
-		require.NoError(t, err)
+		reg := f.handoverWorker()
 		first := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
 		next := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
 		claimed := f.claim(reg.ID, 10)
@@ -832,14 +828,22 @@ func TestRecordedTimesFollowCommitOrder(t *testing.T) {
 // the chain of successors the engine's HandoverDepth asks for.
 func handoverDepth(t *testing.T, depth int) {
 	f := newFixture(t, engine.Config{HandoverDepth: depth})
-	one := 1
-	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
-	require.NoError(t, err)
-	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
-	require.NoError(t, err)
+	reg := f.handoverWorker()
 	for range 4 {
 		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
 	}
 	want := 1 + cmp.Or(depth, 2) // the task and its chain; 0 is the default, 2
 	require.Len(t, f.claim(reg.ID, 10), want, "depth %d", depth)
+}
+
+// handoverWorker makes queue hq (limit 1, handover on) and registers a
+// worker of kind k (10 slots) that takes part in handover.
+func (f *fixture) handoverWorker() *sluice.WorkerRegistration {
+	f.t.Helper()
+	one := 1
+	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
+	require.NoError(f.t, err)
+	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
+	require.NoError(f.t, err)
+	return reg
 }

@@ -205,11 +205,7 @@ func TestCompleteClaimYieldWakesOwnLongPoll(t *testing.T) {
 // A result that frees its slot still wakes it.
 func TestHandoverDoesNotWakeOwnLongPoll(t *testing.T) {
 	f := newFixture(t, engine.Config{})
-	one := 1
-	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
-	require.NoError(t, err)
-	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
-	require.NoError(t, err)
+	reg := f.handoverWorker()
 	for range 5 {
 		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "hq"})
 	}
