@@ -206,12 +206,16 @@ const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
 // It reads only eligible sub-queues (the partial index subqueues_eligible)
 // and the heads of their task lists, never the blocked backlog.
 //
-// Each step is one round trip: the previous step's promotions and counter
-// writes, then the read of the next eligible sub-queues. The NOTIFY for
-// other replicas rides along once something was readied. A step after
-// which no sub-queue can be eligible — the last read saw them all, and
-// none of those this transaction holds is eligible any more — ends the
-// refill without another read; its writes go with the commit.
+// The sub-queues this transaction holds are served as they stand in
+// memory (the env lock serialises writers, so its copies are the truth),
+// and a read of the others leaves them out: their counters are written
+// once, with the commit, not before each read. A read takes the next
+// fillScan eligible sub-queues by round-robin order; until a read comes
+// back short, a held sub-queue is served only up to where the last read
+// ended, so no unread one is passed over. Each read is one round trip,
+// carrying the previous steps' promotions; once a read came back short,
+// the rest of the refill is in memory. The NOTIFY for other replicas
+// rides along once something was readied.
 func (t *txn) fill() error {
 	return t.refill(nil)
 }
@@ -226,8 +230,22 @@ type eligibleRead struct {
 // queueEligible queues the read of the eligible sub-queues with the
 // pending batch, for refill.
 func (t *txn) queueEligible() *eligibleRead {
+	return t.queueEligibleExcept(nil)
+}
+
+// eligibleExceptSQL is eligibleSQL leaving out the sub-queues $2.
+const eligibleExceptSQL = `SELECT ` + sqCols + ` FROM subqueues s
+	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.id <> ALL($2::bigint[]) ORDER BY s.rr LIMIT $1`
+
+// queueEligibleExcept is queueEligible leaving out the sub-queues held
+// (those this transaction holds, whose rows it has not written yet).
+func (t *txn) queueEligibleExcept(held []int64) *eligibleRead {
 	r := &eligibleRead{}
-	t.queueQuery("refill", eligibleSQL, []any{fillScan}, func(rows pgx.Rows) error {
+	sql, args := eligibleSQL, []any{fillScan}
+	if len(held) > 0 {
+		sql, args = eligibleExceptSQL, []any{fillScan, held}
+	}
+	t.queueQuery("refill", sql, args, func(rows pgx.Rows) error {
 		sq := &sqRow{}
 		if err := rows.Scan(sq.dest()...); err != nil {
 			return err
@@ -238,41 +256,52 @@ func (t *txn) queueEligible() *eligibleRead {
 	return r
 }
 
-// refill is fill, its first step served by pre (read earlier in this
-// transaction; nil: read now). The sub-queues pre did not see as eligible
-// can only have become so through this transaction's own changes, which
-// its cached copies hold: the first step takes pre and those, as they
-// stand in memory, in round-robin order.
+// refill is fill, its first read pre (made earlier in this transaction,
+// before its own counter changes; nil: read now). A sub-queue pre saw
+// that this transaction holds is taken as it stands in memory; one pre
+// did not see as eligible can only have become so through this
+// transaction's own changes, which its copy holds.
 func (t *txn) refill(pre *eligibleRead) error {
-	var batch []*sqRow
-	for {
-		var full bool // the read may have left eligible sub-queues out
-		if pre != nil {
-			if !t.env.hasRoom() {
-				break
+	more := true    // a read may have left eligible sub-queues out
+	var bound int64 // until a read comes back short: the last read's end
+	for t.env.hasRoom() {
+		if more {
+			var rows []*sqRow
+			if pre != nil {
+				rows, pre = pre.rows, nil
+			} else {
+				held := make([]int64, 0, len(t.sqs))
+				for id := range t.sqs {
+					held = append(held, id)
+				}
+				read := t.queueEligibleExcept(held)
+				t.notify()
+				if err := t.send(); err != nil {
+					return err
+				}
+				rows = read.rows
 			}
-			batch, full = t.firstStep(pre.rows), len(pre.rows) >= fillScan
-			pre = nil
-		} else {
-			t.flush()
-			if !t.env.hasRoom() {
-				break
+			more = len(rows) >= fillScan
+			for _, sq := range rows {
+				t.useSQ(sq) // held from now on, its copy the truth
+				bound = max(bound, sq.rr)
 			}
-			read := t.queueEligible()
-			t.notify()
-			if err := t.send(); err != nil {
-				return err
-			}
-			batch, full = read.rows, len(read.rows) >= fillScan
-			// Keep one copy per transaction: a cached copy holds the
-			// same values, as the counters were flushed before the read.
-			for i, sq := range batch {
-				batch[i] = t.useSQ(sq)
+		}
+		var batch []*sqRow
+		for _, sq := range t.sqs {
+			if sq.eligible() && (!more || sq.rr <= bound) {
+				batch = append(batch, sq)
 			}
 		}
 		if len(batch) == 0 {
+			if more {
+				continue // read on
+			}
 			break
 		}
+		sort.Slice(batch, func(i, j int) bool {
+			return batch[i].rr < batch[j].rr || batch[i].rr == batch[j].rr && batch[i].id < batch[j].id
+		})
 		var ps []promotion
 		for _, sq := range batch {
 			if !t.env.hasRoom() {
@@ -281,46 +310,10 @@ func (t *txn) refill(pre *eligibleRead) error {
 			ps = append(ps, t.promote(sq))
 		}
 		t.queuePromote(ps)
-		if !full && !t.anyEligible() {
-			break
-		}
 	}
 	t.flush()
 	t.notify()
 	return nil
-}
-
-// firstStep merges a read made before this transaction's own counter
-// changes with the sub-queues it holds, as they stand now: the eligible
-// ones, least recently served first, at most fillScan.
-func (t *txn) firstStep(read []*sqRow) []*sqRow {
-	seen := map[int64]bool{}
-	var out []*sqRow
-	add := func(sq *sqRow) {
-		if !seen[sq.id] && sq.eligible() {
-			seen[sq.id] = true
-			out = append(out, sq)
-		}
-	}
-	for _, sq := range read {
-		add(t.useSQ(sq))
-	}
-	for _, sq := range t.sqs {
-		add(sq)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].rr < out[j].rr || out[i].rr == out[j].rr && out[i].id < out[j].id })
-	return out[:min(len(out), fillScan)]
-}
-
-// anyEligible reports whether a sub-queue this transaction holds is
-// eligible as it stands in memory.
-func (t *txn) anyEligible() bool {
-	for _, sq := range t.sqs {
-		if sq.eligible() {
-			return true
-		}
-	}
-	return false
 }
 
 // notify queues NOTIFY sluice_ready once the transaction readied tasks; the

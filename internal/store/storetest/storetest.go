@@ -172,6 +172,7 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverOff":             testHandoverOff,
 		"HandoverRetried":         testHandoverRetried,
 		"HandoverPausedRelease":   testHandoverPausedRelease,
+		"EnvRoundRobinWide":       testEnvRoundRobinWide,
 		"HandoverChain":           testHandoverChain,
 		"HandoverChainShort":      testHandoverChainShort,
 		"HandoverChainReleases":   testHandoverChainReleases,
@@ -339,6 +340,56 @@ func testEnvRoundRobin(t *testing.T, ns NewStore) {
 	}
 	require.Equal(t, []string{"big", "small", "big"}, order)
 	require.Equal(t, sluice.StateSucceeded, h.state(small.ID))
+	h.counters()
+}
+
+// A completion that frees more slots than one read of eligible
+// sub-queues returns (64) still serves them least recently served
+// first: a sub-queue the transaction itself released waits behind
+// unread ones served before it.
+func testEnvRoundRobinWide(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, err := h.st.SetEnvLimit(h.ctx, 75)
+	require.NoError(t, err)
+	h.worker("w", 1000, "k")
+	task := func(key string) store.NewTask { return store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: key} }
+	keys := func(prefix string, n int) []store.NewTask {
+		var nts []store.NewTask
+		for i := range n {
+			nts = append(nts, task(fmt.Sprintf("%s%02d", prefix, i)))
+		}
+		return nts
+	}
+	// b00–b09 are served, then k, then 74 fillers: the environment is
+	// full (75) with k and the fillers running.
+	h.enqueue(keys("b", 10)...)
+	for _, c := range h.claim("w", 1000) {
+		h.complete("w", ok(c))
+	}
+	h.enqueue(task("k"))
+	k := h.claim("w", 1000)
+	require.Len(t, k, 1)
+	h.enqueue(keys("f", 74)...)
+	fillers := h.claim("w", 1000)
+	require.Len(t, fillers, 74)
+	// Waiting now: 64 keys never served, b00–b09 (served before k), and
+	// k's second task.
+	cs := h.enqueue(keys("c", 64)...)
+	bs := h.enqueue(keys("b", 10)...)
+	k2 := h.enqueue(task("k"))[0]
+	require.Equal(t, sluice.StateQueued, h.state(cs[0].ID), "the environment is full")
+	h.counters()
+
+	// k and 73 fillers end in one call: 74 slots for 64 + 10 + 1 keys.
+	rs := []sluice.TaskResult{ok(k[0])}
+	for _, c := range fillers[:73] {
+		rs = append(rs, ok(c))
+	}
+	h.complete("w", rs...)
+	for _, task := range append(cs, bs...) {
+		require.Equal(t, sluice.StateReady, h.state(task.ID), "key %s", task.ConcurrencyKey)
+	}
+	require.Equal(t, sluice.StateQueued, h.state(k2.ID), "k was served after every other waiting key")
 	h.counters()
 }
 
