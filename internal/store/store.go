@@ -14,6 +14,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -79,6 +80,21 @@ type Worker struct {
 // behind its running task by default, and the most a store supports:
 // the stores read a chain as a task's successor and that one's successor.
 const HandoverDepth = 2
+
+// DepthSetting holds a store's handover depth (Store.SetHandoverDepth);
+// its zero value is the default, HandoverDepth.
+type DepthSetting struct{ d atomic.Int32 }
+
+// Set records n; Get clamps it to HandoverDepth.
+func (s *DepthSetting) Set(n int) { s.d.Store(int32(n)) }
+
+// Get is the depth in force: the one set, or HandoverDepth.
+func (s *DepthSetting) Get() int {
+	if d := int(s.d.Load()); d > 0 {
+		return min(d, HandoverDepth)
+	}
+	return HandoverDepth
+}
 
 // Handover (sluice.QueueParams.Handover) is part of the store contract:
 //

@@ -196,7 +196,7 @@ func (t *txn) subqueueByKey(queue, ckey string) (*sqRow, error) {
 // After set, once the statement has run.
 func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil time.Time) (next func() []sluice.ClaimedTask, err error) {
 	none := func() []sluice.ClaimedTask { return nil }
-	depth := t.s.handoverDepth()
+	depth := t.s.depth.Get()
 	var afters, sqs, offs, ns []int64
 	var total int
 	taken := map[int64]int64{} // sub-queue → successors reserved in this statement

@@ -61,9 +61,7 @@ type Store struct {
 	log     *slog.Logger
 
 	clock atomic.Pointer[func() time.Time]
-	// depth is the handover depth (SetHandoverDepth); 0 means the
-	// default, store.HandoverDepth.
-	depth atomic.Int32
+	depth store.DepthSetting // handover depth (SetHandoverDepth)
 
 	// ownPIDs holds the backend PIDs of the pool's connections.
 	ownPIDs sync.Map
@@ -152,15 +150,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
 
 // SetHandoverDepth sets the handover depth; see store.Store.
-func (s *Store) SetHandoverDepth(n int) { s.depth.Store(int32(n)) }
-
-// handoverDepth is the handover depth in force.
-func (s *Store) handoverDepth() int {
-	if d := int(s.depth.Load()); d > 0 {
-		return min(d, store.HandoverDepth)
-	}
-	return store.HandoverDepth
-}
+func (s *Store) SetHandoverDepth(n int) { s.depth.Set(n) }
 
 // now reads the clock. Write transactions call it once they hold the env
 // lock.

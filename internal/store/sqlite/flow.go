@@ -55,7 +55,7 @@ type txn struct {
 	sqByKey map[[2]string]*sqRow
 	queues  map[string]*queueRow
 	readied int
-	depth   int // handover depth (Store.handoverDepth)
+	depth   int // handover depth (Store.SetHandoverDepth)
 }
 
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
@@ -72,7 +72,7 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome
 func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
 	t := &txn{ctx: ctx, tx: tx, now: us(s.now()), sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{},
-		depth: s.handoverDepth()}
+		depth: s.depth.Get()}
 	if err := fn(t); err != nil {
 		return o, err
 	}
@@ -570,8 +570,10 @@ func (t *txn) handOver(workerID string, prev, next int64) (*sluice.ClaimedTask, 
 // after the task itself, where its queue has handover on and its limited
 // sub-queue is not over its limit and has tasks waiting: the heads of the
 // wait list, in the order the refill promotes. It returns them as claimed
-// tasks with After set, each chain in order.
-func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int64, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
+// tasks with After set, each chain in order. handedOver says the tasks
+// were handed over to (a successor may already be reserved after each);
+// claimed tasks have none, and their chains are not read.
+func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, handedOver bool, seq int64, leaseUntil time.Time) ([]sluice.ClaimedTask, error) {
 	depth := t.depth
 	var out []sluice.ClaimedTask
 	for _, p := range handed {
@@ -596,12 +598,14 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, seq int
 		}
 		// A task handed over to keeps the successor reserved after it.
 		after, n := p.ID, depth
-		var tail int64
-		switch err := t.tx.QueryRowContext(t.ctx, `SELECT id FROM tasks WHERE state = 'reserved' AND after_id = ?`, p.ID).Scan(&tail); {
-		case err == nil:
-			after, n = tail, depth-1
-		case err != sql.ErrNoRows:
-			return nil, fmt.Errorf("reading the successor of task %d: %w", p.ID, err)
+		if handedOver {
+			var tail int64
+			switch err := t.tx.QueryRowContext(t.ctx, `SELECT id FROM tasks WHERE state = 'reserved' AND after_id = ?`, p.ID).Scan(&tail); {
+			case err == nil:
+				after, n = tail, depth-1
+			case err != sql.ErrNoRows:
+				return nil, fmt.Errorf("reading the successor of task %d: %w", p.ID, err)
+			}
 		}
 		for ; n > 0 && sq.queued > 0; n-- {
 			var c sluice.ClaimedTask

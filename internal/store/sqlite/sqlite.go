@@ -31,9 +31,7 @@ type Store struct {
 	r *sql.DB // readers
 
 	clock atomic.Pointer[func() time.Time]
-	// depth is the handover depth (SetHandoverDepth); 0 means the
-	// default, store.HandoverDepth.
-	depth atomic.Int32
+	depth store.DepthSetting // handover depth (SetHandoverDepth)
 
 	stmtMu      sync.Mutex
 	stmts       map[string]*sql.Stmt // on w; nil while pending (stmtcache.go)
@@ -111,15 +109,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
 
 // SetHandoverDepth sets the handover depth; see store.Store.
-func (s *Store) SetHandoverDepth(n int) { s.depth.Store(int32(n)) }
-
-// handoverDepth is the handover depth in force.
-func (s *Store) handoverDepth() int {
-	if d := int(s.depth.Load()); d > 0 {
-		return min(d, store.HandoverDepth)
-	}
-	return store.HandoverDepth
-}
+func (s *Store) SetHandoverDepth(n int) { s.depth.Set(n) }
 
 // now reads the clock. Write transactions call it after BEGIN IMMEDIATE,
 // once they hold the write lock.

@@ -136,7 +136,7 @@ func (s *Store) reserveFor(ctx context.Context, tx *wtx, workerID string, tasks 
 	var next []sluice.ClaimedTask
 	_, err := s.writeIn(ctx, tx, func(t *txn) error {
 		var err error
-		next, err = t.reserveAfter(workerID, tasks, seq, fromUS(t.now).Add(lease))
+		next, err = t.reserveAfter(workerID, tasks, false, seq, fromUS(t.now).Add(lease))
 		return err
 	})
 	return append(tasks, next...), err
@@ -288,7 +288,7 @@ func (s *Store) CompleteClaim(ctx context.Context, workerID string, results []sl
 			if err != nil || len(handed) == 0 {
 				return err
 			}
-			next, err = t.reserveAfter(workerID, handed, seq, fromUS(t.now).Add(lease))
+			next, err = t.reserveAfter(workerID, handed, true, seq, fromUS(t.now).Add(lease))
 			return err
 		})
 		defer func() { claimed = append(claimed, next...) }()
