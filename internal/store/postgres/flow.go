@@ -491,10 +491,14 @@ type runningTask struct {
 
 // chainSQL is the chain of tasks reserved after task t.id, in order: its
 // successor, then that one's (at depth 2, the deepest a chain goes).
-// Each task has one successor at most (the "successors" check).
+// Each task has one successor at most (the "successors" check). The
+// second level is a probe per first-level task behind an OFFSET 0 fence:
+// written as a join, the generic plan read all of tasks_reserved for each
+// (a join filter instead of an index condition).
 const chainSQL = `ARRAY(SELECT c.id FROM (
 		SELECT r1.id, 1 AS l FROM tasks r1 WHERE r1.state = 'reserved' AND r1.after_id = t.id
-		UNION ALL SELECT r2.id, 2 FROM tasks r1 JOIN tasks r2 ON r2.after_id = r1.id AND r2.state = 'reserved'
+		UNION ALL SELECT r2.id, 2 FROM tasks r1 CROSS JOIN LATERAL (
+			SELECT r2.id FROM tasks r2 WHERE r2.state = 'reserved' AND r2.after_id = r1.id OFFSET 0) r2
 			WHERE r1.state = 'reserved' AND r1.after_id = t.id) c ORDER BY c.l)`
 
 // runningSelect reads tasks (alias t, filtered by where) with their

@@ -45,7 +45,8 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 				FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, state, paused_from) WHERE t.id = v.id`, ids, states, paused)
 		}
 		// Read after the update, with the refill's round trip.
-		t.queueQuery("promoting due tasks", `SELECT min(run_at) FROM tasks WHERE state = 'scheduled'`, nil, func(rows pgx.Rows) error {
+		t.queueQuery("promoting due tasks", `SELECT run_at FROM tasks WHERE state = 'scheduled' ORDER BY run_at LIMIT 1`, nil, func(rows pgx.Rows) error {
+			// No row: nothing is scheduled.
 			var nextUS *int64
 			if err := rows.Scan(&nextUS); err != nil {
 				return err
@@ -87,7 +88,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 		}
 		// The dropped workers' attempts are ended by the writes queued
 		// above, which go first in this round trip.
-		timedOut, err := t.selectRunning("sweeping timeouts", `t.state = 'running' AND t.timeout_at IS NOT NULL AND t.timeout_at < $1 LIMIT $2`, t.now, limit)
+		timedOut, err := t.selectRunning("sweeping timeouts", `t.state = 'running' AND t.timeout_at < $1 ORDER BY t.timeout_at LIMIT $2`, t.now, limit)
 		if err != nil {
 			return err
 		}
