@@ -172,13 +172,22 @@ type handed struct {
 // reserveSQL reserves for worker $4 (claim $5) the heads of sub-queues'
 // wait lists ($2, the $7 tasks after the first $3) after the tasks $1, in
 // the order the refill promotes them (headsSQL), as chains: the first
-// after its task in $1, each next after the one before it. Fewer tasks
-// reserved than asked ($6) mean the counters drifted from the rows: the
-// statement fails, so a COMMIT in the same round trip does not commit.
+// after its task in $1, each next after the one before it. The entries of
+// one sub-queue take consecutive places in its wait list ($3 counts the
+// places the entries before took), so each sub-queue's heads are read
+// once, as many as its entries take, and each place joined to its entry:
+// an OFFSET per entry read the heads before it again, entry after entry
+// (quadratic in the chains a completion tops up in one sub-queue). Fewer
+// tasks reserved than asked ($6) mean the counters drifted from the rows:
+// the statement fails, so a COMMIT in the same round trip does not
+// commit.
 const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $7::bigint[]) AS p(after, sq, off, n)),
-	h AS MATERIALIZED (
-		SELECT p.after, x.id, x.ord FROM p CROSS JOIN LATERAL unnest(ARRAY(
-			SELECT id FROM tasks WHERE sq = p.sq AND state = 'queued' ORDER BY priority DESC, id OFFSET p.off LIMIT p.n)) WITH ORDINALITY AS x(id, ord)),
+	g AS (SELECT sq, max(off + n) AS total FROM p GROUP BY sq),
+	heads AS MATERIALIZED (
+		SELECT g.sq, x.id, x.place FROM g CROSS JOIN LATERAL unnest(ARRAY(
+			SELECT id FROM tasks WHERE sq = g.sq AND state = 'queued' ORDER BY priority DESC, id LIMIT g.total)) WITH ORDINALITY AS x(id, place)),
+	places AS MATERIALIZED (SELECT p.after, p.sq, p.off + k AS place, k AS ord FROM p CROSS JOIN LATERAL generate_series(1, p.n) AS k),
+	h AS (SELECT places.after, heads.id, places.ord FROM places JOIN heads ON heads.sq = places.sq AND heads.place = places.place),
 	c AS (SELECT id, CASE WHEN ord = 1 THEN after ELSE lag(id) OVER (PARTITION BY after ORDER BY ord) END AS after FROM h),
 	moved AS (
 		UPDATE tasks t SET state = 'reserved', worker_id = $4, after_id = c.after, claim_seq = $5

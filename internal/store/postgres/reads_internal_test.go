@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -72,6 +73,9 @@ func explainRead(t *testing.T, ctx context.Context, conn *pgx.Conn, sql string, 
 	var plans []struct {
 		Plan planNode `json:"Plan"`
 	}
+	if testing.Verbose() && os.Getenv("SHOWPLAN") != "" {
+		t.Log(string(out))
+	}
 	require.NoError(t, json.Unmarshal(out, &plans))
 	require.Len(t, plans, 1)
 	return plans[0].Plan.tasksRead()
@@ -102,6 +106,15 @@ func TestPostgresHandoverReadsScale(t *testing.T) {
 	}
 	_, _, err = st.Enqueue(ctx, store.Limits{}, nts)
 	require.NoError(t, err)
+	// Other tasks, so that reading the table is dearer than probing it.
+	for range 4 {
+		others := make([]store.NewTask, 5000)
+		for i := range others {
+			others[i] = store.NewTask{Kind: "other", Queue: "other", MaxAttempts: 3}
+		}
+		_, _, err = st.Enqueue(ctx, store.Limits{}, others)
+		require.NoError(t, err)
+	}
 	require.NoError(t, st.RegisterWorker(ctx, store.Worker{ID: "w", Name: "w", Kinds: []string{"hq"}, Slots: 10 * n, Lease: time.Minute, Handover: true}))
 	conn, err := st.pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -126,6 +139,14 @@ func TestPostgresHandoverReadsScale(t *testing.T) {
 	for _, p := range running {
 		ps, ss, ats = append(ps, p), append(ss, next[p]), append(ats, 0)
 	}
+	// Top each chain up by one, from the same sub-queue: the last n
+	// tasks queued.
+	var sq int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT id FROM subqueues WHERE queue = 'hq'`).Scan(&sq))
+	var tails, sqs, offs, ones []int64
+	for i, p := range running {
+		tails, sqs, offs, ones = append(tails, next[next[p]]), append(sqs, sq), append(offs, int64(i)), append(ones, 1)
+	}
 	states := make([]string, len(reserved))
 	for i := range states {
 		states[i] = "queued"
@@ -140,6 +161,7 @@ func TestPostgresHandoverReadsScale(t *testing.T) {
 		{"hand-over", handOverSQL, []any{ats, int64(0), ps, ss, "w"}, n},
 		{"running tasks with their chains", runningSelect(`t.state = 'running' AND t.worker_id = $1`), []any{"w"}, 3 * n},
 		{"reserved tasks with their chains", reservedSelect(`r.after_id = ANY($1)`), []any{running}, 2 * n},
+		{"reserving after each chain's tail", reserveSQL, []any{tails, sqs, offs, "w", int64(1), n, ones}, n},
 		{"release of reserved tasks", unreserveSQL, []any{reserved, len(reserved), states}, 2 * n},
 		{"release of a few reserved tasks", unreserveSQL, []any{reserved[:10], 10, states[:10]}, 10},
 	} {
