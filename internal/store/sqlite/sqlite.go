@@ -71,7 +71,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("db: sqlite path is empty (want sqlite:PATH)")
 	}
-	pragmas := "_pragma=busy_timeout(10000)&_pragma=foreign_keys(0)&_pragma=synchronous(" + sync + ")"
+	pragmas := "_pragma=busy_timeout(10000)&_pragma=foreign_keys(0)&_pragma=temp_store(memory)&_pragma=synchronous(" + sync + ")"
 	if path == ":memory:" {
 		db, err := sql.Open("sqlite", "file::memory:?"+pragmas)
 		if err != nil {
