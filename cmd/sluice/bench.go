@@ -35,7 +35,7 @@ type benchFlags struct {
 	claims, claimMax                                int
 	slowTasks, slowLimit                            int
 	slowSleep                                       time.Duration
-	handover                                        bool
+	handover, limitedHandover                       bool
 	handoverDepth                                   int
 	bulk                                            string
 	only                                            []string
@@ -143,6 +143,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.IntVar(&f.slowLimit, "slow-limit", bench.DefaultSlowLimit, "queue concurrency limit of (e)")
 	fs.DurationVar(&f.slowSleep, "slow-sleep", bench.DefaultSlowSleep, "how long each task of (e) sleeps")
 	fs.BoolVar(&f.handover, "handover", true, "(e): the queue hands each slot straight to its next task (QueueParams.Handover); --handover=false measures without")
+	fs.BoolVar(&f.limitedHandover, "limited-handover", false, "(b): the limited queues have handover on too (off by default)")
 	fs.IntVar(&f.handoverDepth, "handover-depth", 0, "the server's --handover-depth (1 or 2; 0: its default, 2)")
 	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
 	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e")
@@ -201,7 +202,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
-		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, HandoverDepth: f.handoverDepth,
+		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth,
 		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
 	}
 	// Zero would mean "default" to bench.Config: reject it here.

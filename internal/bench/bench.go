@@ -76,6 +76,10 @@ type Config struct {
 	// has it on: a worker starts the next task on the slot the moment
 	// the one before ends).
 	SlowNoHandover bool
+	// LimitedHandover runs (b)'s limited queues with handover on
+	// (QueueParams.Handover): each slot passes straight to the next task
+	// of its queue or key. Off by default.
+	LimitedHandover bool
 	// HandoverDepth is the server's handover depth (server.Config); 0
 	// is its default (2).
 	HandoverDepth int

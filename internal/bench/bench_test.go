@@ -312,3 +312,31 @@ func TestMaxOverlap(t *testing.T) {
 	require.Equal(t, 2, maxOverlap([]span{{0, 10}, {9, 20}}))
 	require.Equal(t, 3, maxOverlap([]span{{0, 100}, {10, 20}, {15, 30}, {25, 40}, {50, 60}}))
 }
+
+// --limited-handover: (b)'s limited queues run with handover on, their
+// limits hold, and the report says so.
+func TestLimitedHandover(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			var out testutil.SyncBuffer
+			cfg := tiny(t, &out)
+			if db == "postgres" {
+				cfg.DB = pgtest.BaseURL(t)
+			}
+			cfg.LimitedHandover = true
+			for _, shape := range []Shape{Limited, Keyed} {
+				r, err := RunThroughput(context.Background(), cfg, shape)
+				require.NoError(t, err, out.String())
+				require.True(t, r.Handover)
+				require.Contains(t, r.Label, "handover on")
+				require.Equal(t, 300, r.Tasks)
+				require.Positive(t, r.MaxRunning)
+				if shape == Limited {
+					require.LessOrEqual(t, r.MaxRunning, cfg.Limit, "queue limit exceeded")
+				} else {
+					require.Equal(t, 1, r.MaxRunningPerKey, "key limit exceeded")
+				}
+			}
+		})
+	}
+}

@@ -32,6 +32,8 @@ type ThroughputResult struct {
 	// of concurrency keys.
 	Limit int `json:"limit,omitempty"`
 	Keys  int `json:"keys,omitempty"`
+	// Handover: the limited queue had handover on (Config.LimitedHandover).
+	Handover bool `json:"handover,omitempty"`
 
 	EnqueueSeconds float64 `json:"enqueue_seconds"`
 	EnqueuePerSec  float64 `json:"enqueue_per_sec"`
@@ -67,11 +69,15 @@ type ThroughputResult struct {
 }
 
 func (s Shape) label(cfg *Config) string {
+	handover := ""
+	if cfg.LimitedHandover {
+		handover = ", handover on"
+	}
 	switch s {
 	case Limited:
-		return fmt.Sprintf("(b) queue limit %d", cfg.Limit)
+		return fmt.Sprintf("(b) queue limit %d%s", cfg.Limit, handover)
 	case Keyed:
-		return fmt.Sprintf("(b) %d keys, limit 1 each", cfg.Keys)
+		return fmt.Sprintf("(b) %d keys, limit 1 each%s", cfg.Keys, handover)
 	}
 	return "(a) unbounded"
 }
@@ -104,7 +110,8 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 		key = func(i int) string { return "k" + strconv.Itoa(i%cfg.Keys) }
 	}
 	if r.Limit > 0 {
-		if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: &r.Limit}); err != nil {
+		r.Handover = cfg.LimitedHandover
+		if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: &r.Limit, Handover: r.Handover}); err != nil {
 			return nil, fmt.Errorf("creating queue: %w", err)
 		}
 	}
