@@ -438,3 +438,70 @@ func TestWorkerChainSuccessorHandedOutAgain(t *testing.T) {
 		require.Empty(t, f.released)
 	})
 }
+
+// The server takes a chain back while the running task's result, which
+// hands over, is still in a call that has not returned: the running task
+// timed out there, so its reserved successors went back to the wait list.
+// The first successor already runs on the slot, as a reservation the
+// server no longer knows. The worker lists it among the tasks it holds,
+// so the server's check of the heartbeat's held tasks (a task neither
+// running nor reserved for the worker is lost) answers it lost along with
+// its predecessor; the worker then stops it and drops the second, neither
+// result is reported, and the slot is free.
+func TestWorkerChainTakenBackWhileResultInFlight(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	chainClaims(f)
+	ids := f.add(3, ClaimedTask{})
+	gate := make(chan struct{})
+	openGate := sync.OnceFunc(func() { close(gate) })
+	var completes atomic.Int32
+	f.beforeComplete = func(CompleteParams) {
+		if completes.Add(1) == 1 {
+			<-gate
+		}
+	}
+	h := newBlockingHandler()
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		if tc.ID == ids[0] {
+			return nil, nil
+		}
+		return h.handle(ctx, tc)
+	})
+	stop := runWorker(t, w)
+	t.Cleanup(openGate)
+	require.Equal(t, ids[1], <-h.started, "the first successor starts while the call carrying its predecessor's result hangs")
+
+	// The heartbeats list the first successor among the held tasks.
+	held := func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.heartbeats) > 0 && slices.Contains(f.heartbeats[len(f.heartbeats)-1].Held, ids[1])
+	}
+	require.Eventually(t, held, waitFor, tick)
+
+	// What the server's held check answers once it took the chain back.
+	f.loseViaHeartbeat(ids[0])
+	f.loseViaHeartbeat(ids[1])
+	f.loseViaHeartbeat(ids[2])
+	select {
+	case cause := <-h.causes:
+		require.ErrorIs(t, cause, errLeaseLost)
+	case <-time.After(waitFor):
+		t.Fatal("the first successor went on running")
+	}
+	require.Eventually(t, func() bool { return !slices.Contains(heldIDs(w), ids[1]) && !slices.Contains(heldIDs(w), ids[2]) }, waitFor, tick)
+	openGate()
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+	require.NoError(t, stop())
+	select {
+	case id := <-h.started:
+		t.Fatalf("task %d started after the chain was taken back", id)
+	default:
+	}
+	f.locked(func() {
+		require.Zero(t, f.reported[ids[1]]+f.reported[ids[2]], "a taken-back successor's result is dropped")
+		require.Empty(t, f.released)
+	})
+}
