@@ -356,6 +356,27 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.StateQueued, h.state(next[run[0].ID].ID))
 	require.Equal(t, 1, h.get(next[run[0].ID].ID).Attempt, "may have started: counted")
 	h.counters()
+
+	// The running task times out while its worker, which may already run
+	// the successor on its slot, still lists both: the successor went back
+	// to the wait list with it, so the heartbeat answers both lost (and the
+	// worker stops the successor).
+	h.handoverQueue("q2", 1)
+	h.enqueue(store.NewTask{Kind: "k2", Queue: "q2", Timeout: 5 * time.Second}, store.NewTask{Kind: "k2", Queue: "q2", Timeout: 5 * time.Second})
+	h.handoverWorker("w3", 10, "k2")
+	run, next = SplitReserved(h.claim("w3", 10))
+	require.Len(t, run, 1)
+	require.Len(t, next, 1)
+	p, s = run[0], next[run[0].ID]
+	h.tick(5*time.Second + store.TimeoutGrace + time.Millisecond)
+	_, _, err = h.st.SweepExpired(h.ctx, 100, noBackoff)
+	require.NoError(t, err)
+	require.NotEqual(t, sluice.StateRunning, h.state(p.ID))
+	require.Equal(t, sluice.StateQueued, h.state(s.ID))
+	lost, _, _, err = h.st.Heartbeat(h.ctx, "w3", sluice.HeartbeatParams{Held: []int64{p.ID, s.ID}}, 30*time.Second)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []int64{p.ID, s.ID}, lost)
+	h.counters()
 }
 
 // Switching handover off returns the queue's reserved tasks to the wait
