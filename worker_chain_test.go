@@ -138,14 +138,7 @@ func TestWorkerChainHandsOverTwice(t *testing.T) {
 	f := newFakeBackend()
 	chainClaims(f)
 	ids := f.add(3, ClaimedTask{})
-	gate := make(chan struct{})
-	openGate := sync.OnceFunc(func() { close(gate) })
-	var completes atomic.Int32
-	f.beforeComplete = func(CompleteParams) {
-		if completes.Add(1) == 1 {
-			<-gate // the call carrying the first result hangs
-		}
-	}
+	openGate := hangFirstComplete(f) // the call carrying the first result hangs
 	calls := &callLog{fakeBackend: f}
 	started := make(chan int64, 3)
 	var peak peakTracker
@@ -308,15 +301,19 @@ func lostHandOver() (f *fakeBackend, ids []int64, openGate func()) {
 	chainClaims(f)
 	ids = f.add(3, ClaimedTask{})
 	f.cancelReserved[ids[1]] = true
+	return f, ids, hangFirstComplete(f)
+}
+
+// hangFirstComplete makes f's first complete call hang until openGate.
+func hangFirstComplete(f *fakeBackend) (openGate func()) {
 	gate := make(chan struct{})
-	openGate = sync.OnceFunc(func() { close(gate) })
 	var completes atomic.Int32
 	f.beforeComplete = func(CompleteParams) {
 		if completes.Add(1) == 1 {
 			<-gate
 		}
 	}
-	return f, ids, openGate
+	return sync.OnceFunc(func() { close(gate) })
 }
 
 // A hand-over answered "lost" after the first successor has ended and
@@ -453,22 +450,10 @@ func TestWorkerChainTakenBackWhileResultInFlight(t *testing.T) {
 	f := newFakeBackend()
 	chainClaims(f)
 	ids := f.add(3, ClaimedTask{})
-	gate := make(chan struct{})
-	openGate := sync.OnceFunc(func() { close(gate) })
-	var completes atomic.Int32
-	f.beforeComplete = func(CompleteParams) {
-		if completes.Add(1) == 1 {
-			<-gate
-		}
-	}
+	openGate := hangFirstComplete(f)
 	h := newBlockingHandler()
 	w := newTestWorker(f, WorkerConfig{Slots: 1})
-	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
-		if tc.ID == ids[0] {
-			return nil, nil
-		}
-		return h.handle(ctx, tc)
-	})
+	w.Register("test", h.allBut(ids[0]))
 	stop := runWorker(t, w)
 	t.Cleanup(openGate)
 	require.Equal(t, ids[1], <-h.started, "the first successor starts while the call carrying its predecessor's result hangs")

@@ -179,12 +179,7 @@ func TestWorkerHandoverLostAckStopsSuccessor(t *testing.T) {
 	f.cancelReserved[ids[1]] = true
 	h := newBlockingHandler()
 	w := newTestWorker(f, WorkerConfig{Slots: 1})
-	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
-		if tc.ID == ids[0] {
-			return nil, nil
-		}
-		return h.handle(ctx, tc)
-	})
+	w.Register("test", h.allBut(ids[0]))
 	stop := runWorker(t, w)
 	require.Equal(t, ids[1], <-h.started, "started on the slot before the ack")
 	require.ErrorIs(t, <-h.causes, errLeaseLost)

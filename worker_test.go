@@ -244,6 +244,17 @@ func newBlockingHandler() *blockingHandler {
 	return &blockingHandler{started: make(chan int64, 100), causes: make(chan error, 100)}
 }
 
+// allBut is a handler that returns at once for task id and blocks in
+// handle for every other.
+func (h *blockingHandler) allBut(id int64) HandlerFunc {
+	return func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		if tc.ID == id {
+			return nil, nil
+		}
+		return h.handle(ctx, tc)
+	}
+}
+
 func (h *blockingHandler) handle(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
 	h.started <- tc.ID
 	<-ctx.Done()
