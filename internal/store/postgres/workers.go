@@ -590,6 +590,24 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 		ids, attempts, outputs = append(ids, r.TaskID), append(attempts, r.Attempt), append(outputs, store.JSONOrNull(r.Output))
 	}
 	if len(ids) > 0 {
+		// The successes' hand-overs go in the same round trip, before
+		// the successes themselves: the statement checks the reservation
+		// itself (after the task, for this worker), which only a task
+		// running here could have (a hand-over after a result that turns
+		// out stale fails the transaction, see handOver). A successor
+		// whose own success follows in the batch (a chain's results in one
+		// call) is then running when the successes' statement looks.
+		var ps, ss, ats []int64
+		for k, i := range okIdx {
+			if n := results[i].Next; n != 0 {
+				ps, ss, ats = append(ps, k.id), append(ss, n), append(ats, at)
+			}
+		}
+		if len(ps) > 0 {
+			c.early = true
+			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID}, scanMoved(&c.moved))
+			t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{ids}, &c.rest)
+		}
 		t.queueQuery("complete", completeSQL, []any{at, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
 			var k attemptKey
 			sq, q := &sqRow{}, &queueRow{}
@@ -609,20 +627,6 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 			}
 			return nil
 		})
-		// The successes' hand-overs go in the same round trip: the
-		// statement checks the reservation itself (after the success,
-		// for this worker), which only a task of the worker's could have.
-		var ps, ss, ats []int64
-		for k, i := range okIdx {
-			if n := results[i].Next; n != 0 {
-				ps, ss, ats = append(ps, k.id), append(ss, n), append(ats, at)
-			}
-		}
-		if len(ps) > 0 {
-			c.early = true
-			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID}, scanMoved(&c.moved))
-			t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{ids}, &c.rest)
-		}
 	}
 	return c
 }
@@ -728,6 +732,22 @@ func (c *completion) handOver(t *txn, handover bool) error {
 		// Only a task running here could have a successor reserved
 		// after it: its result cannot have been stale.
 		return fmt.Errorf("handing over: %d successors moved after a result not acknowledged", len(byID))
+	}
+	// A task handed over to whose own result came later in the batch (a
+	// chain's results in one call) has ended: its chain goes on from the
+	// task it handed over to, or its slot was freed.
+	if len(c.started) > 0 {
+		ended := make(map[int64]bool, len(c.endedIDs))
+		for _, id := range c.endedIDs {
+			ended[id] = true
+		}
+		running := c.started[:0]
+		for _, h := range c.started {
+			if !ended[h.id] {
+				running = append(running, h)
+			}
+		}
+		c.started = running
 	}
 	t.unreserve(rest)
 	// A retried call whose first try committed: its results are stale

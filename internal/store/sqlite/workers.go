@@ -393,7 +393,22 @@ func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, back
 			acks[i].Next = "started"
 		}
 	}
-	return handed, nil
+	// A task handed over to whose own result came later in the batch
+	// (a chain's results in one call) has ended: its chain goes on from
+	// the task it handed over to, or its slot was freed.
+	ended := map[int64]bool{}
+	for i, r := range results {
+		if acks[i].Status == "ok" {
+			ended[r.TaskID] = true
+		}
+	}
+	running := handed[:0]
+	for _, c := range handed {
+		if !ended[c.ID] {
+			running = append(running, c)
+		}
+	}
+	return running, nil
 }
 
 // handOverAck hands over from a result's task, ended ok, to the successor

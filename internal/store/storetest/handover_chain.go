@@ -222,3 +222,62 @@ func testHandoverDepthOne(t *testing.T, ns NewStore) {
 	require.Equal(t, tasks[1].ID, got[0].After)
 	h.counters()
 }
+
+// A whole chain's results in one batch, in chain order: P hands over to
+// S1, S1 (whose result follows) to S2, and S2 ends without a successor.
+// The hand-overs happen in the order of the results, so each successor's
+// own result finds it running; every result is ok, the slot S2 frees
+// goes to the next task by the claim, which gets a chain of its own, and
+// nothing stays reserved after the ended tasks. A chain's results need
+// not wait for the answer to the call carrying the one before.
+func testHandoverChainOneBatch(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.chainQueue(7)
+	p, chain := h.claimChain()
+	require.Len(t, chain, 2)
+	h.tick(time.Second)
+	acks, _, got, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{
+		withNext(ok(p), chain[0].ID),
+		withNext(ok(asRunning(chain[0])), chain[1].ID),
+		ok(asRunning(chain[1])),
+	}, noBackoff, store.ClaimSpec{Max: 10, Lease: 30 * time.Second})
+	require.NoError(t, err)
+	require.Len(t, acks, 3)
+	for i, a := range acks {
+		require.Equal(t, "ok", a.Status, "result %d", i)
+	}
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, "started", acks[1].Next)
+	require.Empty(t, acks[2].Next)
+	for _, id := range []int64{tasks[0].ID, tasks[1].ID, tasks[2].ID} {
+		task := h.get(id)
+		require.Equal(t, sluice.StateSucceeded, task.State, "task %d", id)
+		require.Len(t, task.Attempts, 1, "task %d", id)
+	}
+	// The successors started when their predecessors finished.
+	require.Equal(t, h.get(tasks[0].ID).FinishedAt, h.get(tasks[1].ID).StartedAt)
+	require.Equal(t, h.get(tasks[1].ID).FinishedAt, h.get(tasks[2].ID).StartedAt)
+	run, next := SplitReserved(got)
+	require.Equal(t, []int64{tasks[3].ID}, ids(run), "the slot S2 freed")
+	require.Equal(t, tasks[4].ID, next[tasks[3].ID].ID)
+	require.Equal(t, tasks[5].ID, next[tasks[4].ID].ID)
+	require.Len(t, got, 3)
+	q, err := h.st.GetQueue(h.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Running)
+	require.Equal(t, 2, q.Counts[sluice.StateReserved])
+	require.Equal(t, 1, q.Counts[sluice.StateQueued])
+	h.counters()
+
+	// Part of a chain in one batch: P hands over to S1, and S1 hands
+	// over to S2 in the same batch; S2 keeps running, and the chain is
+	// topped up after it (two deep again), not after S1.
+	p, chain = asRunning(run[0]), []sluice.ClaimedTask{next[tasks[3].ID], next[tasks[4].ID]}
+	acks, more := h.completeNext("w", withNext(ok(p), chain[0].ID), withNext(ok(asRunning(chain[0])), chain[1].ID))
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, "started", acks[1].Next)
+	require.Equal(t, sluice.StateRunning, h.state(tasks[5].ID))
+	require.Equal(t, []int64{tasks[6].ID}, ids(more), "topped up after the running task")
+	require.Equal(t, tasks[5].ID, more[0].After)
+	h.counters()
+}

@@ -169,6 +169,7 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverReleases":        testHandoverReleases,
 		"HandoverPauseCancel":     testHandoverPauseCancel,
 		"HandoverHeartbeat":       testHandoverHeartbeat,
+		"HandoverChainOneBatch":   testHandoverChainOneBatch,
 		"HandoverOff":             testHandoverOff,
 		"HandoverRetried":         testHandoverRetried,
 		"HandoverPausedRelease":   testHandoverPausedRelease,
