@@ -69,8 +69,13 @@ type fakeBackend struct {
 	// (cancelled while reserved).
 	cancelReserved map[int64]bool
 	// sameCallHandovers counts results sent in the same complete call as
-	// the result that hands over to them.
+	// the result that hands over to them (a mistake unless chainResults).
 	sameCallHandovers int
+	// chainResults: the fake says at registration that it takes a
+	// chain's results in one call (WorkerRegistration.ChainResults), and
+	// then, as the server, reserves nothing after a successor whose own
+	// result follows in the same call.
+	chainResults bool
 	// beforeComplete, when set, runs at each Complete before anything
 	// else (it may block).
 	beforeComplete func(p CompleteParams)
@@ -210,7 +215,7 @@ func (f *fakeBackend) RegisterWorker(_ context.Context, p RegisterWorkerParams) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.registered = append(f.registered, p)
-	return &WorkerRegistration{ID: "w1", Lease: Duration(f.lease), HeartbeatInterval: Duration(f.interval)}, nil
+	return &WorkerRegistration{ID: "w1", Lease: Duration(f.lease), HeartbeatInterval: Duration(f.interval), ChainResults: f.chainResults}, nil
 }
 
 func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams) (*ClaimResult, error) {
@@ -281,11 +286,12 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 	}
 	f.completeSize = append(f.completeSize, len(p.Results))
 	res := &CompleteResult{Results: make([]ResultAck, len(p.Results))}
-	named := map[int64]bool{}
+	named, reported := map[int64]bool{}, map[int64]bool{}
 	for _, r := range p.Results {
+		reported[r.TaskID] = true
 		if named[r.TaskID] {
 			// A set-based server reads the batch at once: the successor
-			// is still reserved there.
+			// is still reserved there (unless chainResults).
 			f.sameCallHandovers++
 		}
 		if r.Next != 0 {
@@ -304,7 +310,7 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 		res.Results[i] = ResultAck{TaskID: r.TaskID, Status: status}
 		if next := f.handOverLocked(r, status == "ok"); next != "" {
 			res.Results[i].Next = next
-			if next == "started" && f.handover && len(f.ready) > 0 {
+			if next == "started" && f.handover && len(f.ready) > 0 && !(f.chainResults && reported[r.Next]) {
 				// The successor gets one of its own.
 				res.Tasks = append(res.Tasks, f.reserveLocked(r.Next))
 			}

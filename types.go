@@ -243,6 +243,14 @@ type WorkerRegistration struct {
 	Lease Duration `json:"lease"`
 	// HeartbeatInterval is how often the worker should heartbeat.
 	HeartbeatInterval Duration `json:"heartbeat_interval"`
+	// ChainResults says the server takes a chain's results in one
+	// complete call: after a success that hands over (Next), the result
+	// of the task it handed over to may follow in the same call, and so
+	// on down the chain. The server hands over in the results' order, so
+	// each successor is running when its own result is looked at. A
+	// server without it (older) needs the call carrying a predecessor's
+	// result to have returned before the successor's result is sent.
+	ChainResults bool `json:"chain_results,omitempty"`
 }
 
 // ClaimParams is the body of POST /v1/workers/{id}/claim.

@@ -227,8 +227,11 @@ type Worker struct {
 	handlers map[string]HandlerFunc
 	started  atomic.Bool
 	id       atomic.Pointer[string]
-	kindList []string   // the kinds registered, sorted
-	regMu    sync.Mutex // serialises registering again (reregister)
+	// chainResults: the server takes a chain's results in one complete
+	// call (WorkerRegistration.ChainResults, read at each registration).
+	chainResults atomic.Bool
+	kindList     []string   // the kinds registered, sorted
+	regMu        sync.Mutex // serialises registering again (reregister)
 
 	// free counts free slots. The claim loop and claims riding on
 	// completions take them; the server never hands out more than its
@@ -422,6 +425,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	id := reg.ID
 	w.id.Store(&id)
+	w.chainResults.Store(reg.ChainResults)
 	w.log = w.log.With("worker_id", id)
 	lease, interval, lossAfter, err := w.cfg.workerTimings(reg)
 	if err != nil {
@@ -1177,6 +1181,7 @@ func (w *Worker) reregister(ctx context.Context, staleID string) bool {
 	}
 	id := reg.ID
 	w.id.Store(&id)
+	w.chainResults.Store(reg.ChainResults)
 	w.hbOK.Store(int64(w.since()))
 	w.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
 		"stale_worker_id", staleID, "new_worker_id", id, "tasks_dropped", n)
@@ -1226,7 +1231,9 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 // successor ends, or its slot waits for a claim: behind a call in flight
 // it would wait up to two calls instead of one. A result goes only once
 // the call that carried its predecessor's result has returned (the
-// server starts a successor when it records that result).
+// server starts a successor when it records that result), or in the same
+// call right after that result when the server takes a chain's results
+// in one call (WorkerRegistration.ChainResults; see sendable).
 //
 // While claiming goes on (runCtx live), each call also asks for as many
 // new tasks as there are free slots (CompleteParams.Claim): a busy worker
@@ -1280,16 +1287,28 @@ type completeCall struct {
 
 // sendable picks, in order, up to maxCompleteBatch pending results whose
 // predecessor's result (if any) a returned call carried, and says whether
-// one hands over.
+// one hands over. With a server that takes a chain's results in one call
+// (WorkerRegistration.ChainResults), a result may also follow its
+// predecessor's in the same batch when that one is a success handing
+// over to it: the server hands over before it looks at the successes.
 func (w *Worker) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
 	w.mu.Lock() // a late successor may be named in a result not in a call yet
 	defer w.mu.Unlock()
+	chain := w.chainResults.Load()
+	var in map[*taskRun]bool
 	for _, tr := range pending {
 		if len(batch) == maxCompleteBatch {
 			break
 		}
-		if tr.pred != nil && !tr.pred.acked {
+		if p := tr.pred; p != nil && !p.acked &&
+			!(chain && in[p] && p.result.Error == "" && p.result.Next == tr.tc.ID) {
 			continue
+		}
+		if chain {
+			if in == nil {
+				in = map[*taskRun]bool{}
+			}
+			in[tr] = true
 		}
 		batch = append(batch, tr)
 		handing = handing || tr.result.Next != 0
@@ -1298,16 +1317,28 @@ func (w *Worker) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
 }
 
 // unsent is pending without the results of batch (a subsequence of it),
-// and lets their predecessors go.
+// and lets their predecessors go. A successor whose result follows its
+// predecessor's in batch (WorkerRegistration.ChainResults) and that kept
+// its slot for a successor of its own (holdSlot) frees the slot now: the
+// server reserves nothing after a task that ended in the same call, so
+// the call may ask for a task for that slot instead.
 func (w *Worker) unsent(pending, batch []*taskRun) []*taskRun {
 	in := make(map[*taskRun]bool, len(batch))
+	freed := 0
 	w.mu.Lock()
 	for _, tr := range batch {
+		if tr.slotHeld && in[tr.pred] {
+			tr.slotHeld = false
+			freed++
+		}
 		in[tr] = true
 		tr.pred = nil
 		tr.inCall = true
 	}
 	w.mu.Unlock()
+	for range freed {
+		w.freeSlot()
+	}
 	out := pending[:0]
 	for _, tr := range pending {
 		if !in[tr] {

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -489,4 +490,109 @@ func TestWorkerChainTakenBackWhileResultInFlight(t *testing.T) {
 		require.Zero(t, f.reported[ids[1]]+f.reported[ids[2]], "a taken-back successor's result is dropped")
 		require.Empty(t, f.released)
 	})
+}
+
+// With a server that takes a chain's results in one call
+// (WorkerRegistration.ChainResults), a successor's result goes right
+// after its predecessor's in the same call when the predecessor
+// succeeded: P's call hangs while S1 and S2 run on the slot, and once it
+// returns, S1's and S2's results go together. S2 kept its slot for a
+// successor of its own that the server does not reserve after a task
+// ending in the same call, so the slot is free while that call is out
+// (and the call may ask for a task for it). A predecessor that failed
+// still holds its successor's result back until its own call returns.
+func TestWorkerChainResultsInOneCall(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		failS1    bool
+		wantCalls [][]int // indexes of ids in each call, in order
+	}{
+		{"successes", false, [][]int{{0}, {1, 2}}},
+		{"failure in the middle", true, [][]int{{0}, {1}, {2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFakeBackend()
+			f.chainResults = true
+			chainClaims(f)
+			ids := f.add(3, ClaimedTask{})
+			gate := make(chan struct{})
+			openGate := sync.OnceFunc(func() { close(gate) })
+			t.Cleanup(openGate)
+			var w *Worker
+			var calls atomic.Int32
+			var freeInSecond atomic.Int64
+			firstOut := make(chan struct{})
+			f.beforeComplete = func(CompleteParams) {
+				switch calls.Add(1) {
+				case 1:
+					close(firstOut)
+					<-gate
+				case 2:
+					freeInSecond.Store(w.free.Load())
+				}
+			}
+			log := &callLog{fakeBackend: f}
+			ended := make(chan int64, 3)
+			w = NewWorker(log, WorkerConfig{Slots: 1, Logger: quiet})
+			w.Register("test", func(_ context.Context, task *TaskContext) (json.RawMessage, error) {
+				defer func() { ended <- task.ID }()
+				if task.ID == ids[1] {
+					<-firstOut // P's result is out alone
+				}
+				if tc.failS1 && task.ID == ids[1] {
+					return nil, errors.New("boom")
+				}
+				return nil, nil
+			})
+			stop := runWorker(t, w)
+			for range ids {
+				select {
+				case <-ended:
+				case <-time.After(waitFor):
+					t.Fatal("the chain did not run while the first call hung")
+				}
+			}
+			// S2's result is queued behind S1's (the completer gets
+			// both before the gate opens).
+			require.Eventually(t, func() bool {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return w.held[ids[2]] != nil && w.held[ids[2]].slotHeld
+			}, waitFor, tick)
+			time.Sleep(20 * time.Millisecond)
+			openGate()
+			<-f.resultsReached(3)
+			require.NoError(t, stop())
+
+			var got [][]int
+			log.mu.Lock()
+			for _, e := range log.events {
+				if !e.returned {
+					var call []int
+					for _, id := range e.ids {
+						call = append(call, slices.Index(ids, id))
+					}
+					got = append(got, call)
+				}
+			}
+			log.mu.Unlock()
+			require.Equal(t, tc.wantCalls, got)
+			if !tc.failS1 {
+				require.Equal(t, int64(1), freeInSecond.Load(), "S2's slot stayed taken while the call carrying its result was out")
+			}
+			f.locked(func() {
+				want := map[int64]int64{ids[0]: ids[1], ids[1]: ids[2], ids[2]: 0}
+				for id, next := range want {
+					require.Len(t, f.results[id], 1, "task %d", id)
+					require.Equal(t, next, f.results[id][0].Next, "task %d", id)
+					require.Equal(t, 1, f.reported[id], "task %d", id)
+				}
+				require.Empty(t, f.released)
+			})
+			require.Equal(t, int64(1), w.free.Load())
+			require.Empty(t, heldIDs(w))
+		})
+	}
 }

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -246,13 +247,25 @@ func TestWorkerNoHandover(t *testing.T) {
 }
 
 // The ledger under handover, with slow completions: never more handlers
-// at once than slots, every task run and reported once, accepted, and a
-// result never sent with the one that hands over to it.
+// at once than slots, every task run and reported once, accepted; a
+// result never sent with the one that hands over to it, unless the
+// server takes a chain's results in one call, and then some are.
 func TestWorkerHandoverLedger(t *testing.T) {
 	t.Parallel()
+	for _, chain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chain_results=%v", chain), func(t *testing.T) {
+			t.Parallel()
+			handoverLedger(t, chain)
+		})
+	}
+}
+
+// handoverLedger runs the ledger against a fake server that does (chain)
+// or does not take a chain's results in one call.
+func handoverLedger(t *testing.T, chain bool) {
 	const slots, n = 4, 400
 	f := newFakeBackend()
-	f.handover, f.piggyback = true, true
+	f.handover, f.piggyback, f.chainResults = true, true, chain
 	f.completeDelay = 500 * time.Microsecond
 	var peak peakTracker
 	var mu sync.Mutex
@@ -287,7 +300,12 @@ func TestWorkerHandoverLedger(t *testing.T) {
 		}
 	}
 	require.Positive(t, handovers, "no task was handed over")
-	require.Zero(t, sameCall, "a successor's result went with its predecessor's")
+	if chain {
+		t.Logf("%d successors' results went with their predecessors'", sameCall)
+		require.Positive(t, sameCall, "no chain's results went in one call")
+	} else {
+		require.Zero(t, sameCall, "a successor's result went with its predecessor's")
+	}
 	for _, c := range completes {
 		require.LessOrEqual(t, c.Claim, slots)
 	}

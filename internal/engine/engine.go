@@ -447,7 +447,8 @@ func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerPara
 		return nil, err
 	}
 	e.log.Info("worker registered", "worker", id, "name", p.Name, "kinds", p.Kinds, "slots", p.Slots, "handover", p.Handover)
-	return &sluice.WorkerRegistration{ID: id, Lease: sluice.Duration(e.cfg.Lease), HeartbeatInterval: sluice.Duration(e.cfg.HeartbeatInterval)}, nil
+	return &sluice.WorkerRegistration{ID: id, Lease: sluice.Duration(e.cfg.Lease), HeartbeatInterval: sluice.Duration(e.cfg.HeartbeatInterval),
+		ChainResults: true}, nil
 }
 
 // maxWait caps a claim's long-poll.

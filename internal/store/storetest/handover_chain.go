@@ -281,3 +281,41 @@ func testHandoverChainOneBatch(t *testing.T, ns NewStore) {
 	require.Equal(t, tasks[5].ID, more[0].After)
 	h.counters()
 }
+
+// A chain's results in one batch whose first result the server no
+// longer takes: P timed out while it ran, which took its chain back to
+// the wait list, so P's result is stale and its hand-over lost; the
+// successors' results that follow in the batch find them not running for
+// the worker and are dropped, and nothing stays reserved or counted for
+// the worker.
+func testHandoverChainOneBatchStale(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.handoverQueue("q", 1)
+	nt := store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 5, Timeout: 5 * time.Second}
+	tasks := h.enqueue(nt, nt, nt, nt)
+	h.handoverWorker("w", 10, "k")
+	p, chain := h.claimChain()
+	require.Len(t, chain, 2)
+	h.tick(5*time.Second + store.TimeoutGrace + time.Millisecond)
+	_, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
+	require.NoError(t, err)
+	h.notReserved(tasks[1].ID, tasks[2].ID)
+	acks, more := h.completeNext("w",
+		withNext(ok(p), chain[0].ID),
+		withNext(ok(asRunning(chain[0])), chain[1].ID),
+		ok(asRunning(chain[1])),
+	)
+	require.Len(t, acks, 3)
+	for i, a := range acks {
+		require.NotEqual(t, "ok", a.Status, "result %d", i)
+		require.NotEqual(t, "started", a.Next, "result %d", i)
+	}
+	require.Empty(t, more)
+	require.NotEqual(t, sluice.StateRunning, h.state(tasks[0].ID))
+	h.notReserved(tasks[1].ID, tasks[2].ID)
+	for _, id := range []int64{tasks[1].ID, tasks[2].ID} {
+		require.Equal(t, sluice.StateQueued, h.state(id), "task %d", id)
+		require.Empty(t, h.get(id).Attempts, "task %d", id)
+	}
+	h.counters()
+}
