@@ -248,7 +248,9 @@ type WorkerRegistration struct {
 	// of the task it handed over to may follow in the same call, and so
 	// on down the chain. The server hands over in the results' order, so
 	// each successor is running when its own result is looked at. A
-	// server without it (older) needs the call carrying a predecessor's
+	// successor's result before the result that hands over to it, or
+	// after a failure that does, is refused (invalid results[i].task_id).
+	// A server without it (older) needs the call carrying a predecessor's
 	// result to have returned before the successor's result is sent.
 	ChainResults bool `json:"chain_results,omitempty"`
 }

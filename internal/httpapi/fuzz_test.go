@@ -128,7 +128,10 @@ func FuzzDecodeComplete(f *testing.F) {
 		`{"results":[{"task_id":"1","attempt":1}]}`, `{"results":[{"task_id":1,"attempt":1,"retry_after":5}]}`,
 		`{"results":[null]}`, `{"results":[{"task_id":1,"attempt":1,"Output":1}]}`, `{"results":{}}`,
 		`{"results":[{"task_id":1,"attempt":1,"next":2}],"claim_seq":3}`, `{"results":[{"task_id":1,"attempt":1,"next":1}]}`,
-		`{"results":[{"task_id":1,"attempt":1,"next":-5}]}`, `{"results":[{"task_id":1,"attempt":1,"next":9223372036854775808}]}`)
+		`{"results":[{"task_id":1,"attempt":1,"next":-5}]}`, `{"results":[{"task_id":1,"attempt":1,"next":9223372036854775808}]}`,
+		`{"results":[{"task_id":1,"attempt":1,"next":2},{"task_id":2,"attempt":1,"next":3},{"task_id":3,"attempt":1}]}`,
+		`{"results":[{"task_id":2,"attempt":1},{"task_id":1,"attempt":1,"next":2}]}`,
+		`{"results":[{"task_id":1,"attempt":1,"error":"x","next":2},{"task_id":2,"attempt":1}]}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/workers/w1/complete", body, func(arg any) error {
 			p := arg.(sluice.CompleteParams)

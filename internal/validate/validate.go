@@ -266,6 +266,38 @@ func Complete(p *sluice.CompleteParams) error {
 			return sluice.Invalid(fmt.Sprintf("results[%d].next", i), "must not be the result's own task_id (%d)", r.TaskID)
 		}
 	}
+	return chainOrder(p.Results)
+}
+
+// chainOrder checks a chain's results in one call
+// (WorkerRegistration.ChainResults): a successor's result comes after the
+// result that hands over to it, and only when that one is a success (the
+// store hands over in the results' order; a failure's hand-over runs
+// after the successes are recorded).
+func chainOrder(results []sluice.TaskResult) error {
+	var namedBy map[int64]int // successor → index of the result naming it
+	for i := range results {
+		if n := results[i].Next; n != 0 {
+			if namedBy == nil {
+				namedBy = make(map[int64]int)
+			}
+			if _, dup := namedBy[n]; !dup {
+				namedBy[n] = i
+			}
+		}
+	}
+	for i := range results {
+		j, ok := namedBy[results[i].TaskID]
+		switch {
+		case !ok:
+		case j > i:
+			return sluice.Invalid(fmt.Sprintf("results[%d].task_id", i),
+				"task %d's result must come after results[%d], which hands over to it", results[i].TaskID, j)
+		case results[j].Error != "":
+			return sluice.Invalid(fmt.Sprintf("results[%d].task_id", i),
+				"task %d's result may go in the same call as results[%d], which hands over to it, only when that one is a success", results[i].TaskID, j)
+		}
+	}
 	return nil
 }
 

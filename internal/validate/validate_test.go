@@ -146,6 +146,16 @@ func TestWorkerProtocol(t *testing.T) {
 	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1, Attempt: 1, Next: 2})), "", "")
 	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 1, Attempt: 1, Next: -1})), "results[1].next", "0 (none) or a task id")
 	check(t, validate.Complete(res(sluice.TaskResult{TaskID: 3, Attempt: 1, Next: 3})), "results[1].next", "own task_id")
+	// A chain's results in one call: a successor's after its
+	// predecessor's success, never before it, never after a failure.
+	chain := func(rs ...sluice.TaskResult) *sluice.CompleteParams { return &sluice.CompleteParams{Results: rs} }
+	check(t, validate.Complete(chain(sluice.TaskResult{TaskID: 1, Attempt: 1, Next: 2}, sluice.TaskResult{TaskID: 2, Attempt: 1, Next: 3},
+		sluice.TaskResult{TaskID: 3, Attempt: 1, Error: "x"})), "", "")
+	check(t, validate.Complete(chain(sluice.TaskResult{TaskID: 2, Attempt: 1}, sluice.TaskResult{TaskID: 1, Attempt: 1, Next: 2})),
+		"results[0].task_id", "after results[1]")
+	check(t, validate.Complete(chain(sluice.TaskResult{TaskID: 1, Attempt: 1, Error: "x", Next: 2}, sluice.TaskResult{TaskID: 2, Attempt: 1})),
+		"results[1].task_id", "only when that one is a success")
+	check(t, validate.Complete(chain(sluice.TaskResult{TaskID: 1, Attempt: 1, Error: "x", Next: 2}, sluice.TaskResult{TaskID: 5, Attempt: 1})), "", "")
 	check(t, validate.Complete(&sluice.CompleteParams{Results: make([]sluice.TaskResult, validate.MaxBatch+1)}), "results", "more than")
 
 	check(t, validate.Heartbeat(&sluice.HeartbeatParams{}), "", "")
