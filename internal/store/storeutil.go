@@ -132,3 +132,16 @@ func HeldCheck(owned map[int64]int64, p sluice.HeartbeatParams) (lost, orphans [
 	}
 	return lost, orphans
 }
+
+// LaterAttempt is the attempt of the result for results[i].Next that
+// follows results[i] in the batch (a chain's results in one call), or 0
+// when none does: a retried call's check that a hand-over happened in its
+// first try finds that attempt on record for the worker.
+func LaterAttempt(results []sluice.TaskResult, i int) int {
+	for _, r := range results[i+1:] {
+		if r.TaskID == results[i].Next {
+			return r.Attempt
+		}
+	}
+	return 0
+}

@@ -751,19 +751,26 @@ func (c *completion) handOver(t *txn, handover bool) error {
 	}
 	t.unreserve(rest)
 	// A retried call whose first try committed: its results are stale
-	// now, and the successors they named run here already.
+	// now, and the successors they named run here already, or ran here
+	// and ended with their own results in that try (a chain's results in
+	// one call: the attempt of the successor's result later in the batch
+	// is on record for this worker).
 	var lost []int64
+	var lostAttempts []int32
 	at := map[int64][]int{}
 	for i, r := range c.results {
 		if c.acks[i].Next == "lost" {
 			lost = append(lost, r.Next)
+			lostAttempts = append(lostAttempts, int32(store.LaterAttempt(c.results, i)))
 			at[r.Next] = append(at[r.Next], i)
 		}
 	}
 	if len(lost) == 0 {
 		return nil
 	}
-	return t.query("handing over", `SELECT id FROM tasks WHERE id = ANY($1) AND state = 'running' AND worker_id = $2`, []any{lost, c.workerID},
+	return t.query("handing over", `SELECT id FROM tasks WHERE id = ANY($1) AND state = 'running' AND worker_id = $2
+		UNION SELECT a.task_id FROM unnest($1::bigint[], $3::int[]) AS u(id, attempt)
+			JOIN attempts a ON a.task_id = u.id AND a.attempt = u.attempt WHERE a.worker_id = $2`, []any{lost, c.workerID, lostAttempts},
 		func(rows pgx.Rows) error {
 			var id int64
 			if err := rows.Scan(&id); err != nil {

@@ -380,13 +380,18 @@ func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, back
 		}
 	}
 	// A retried call whose first try committed: its results are stale
-	// now, and the successors they named run here already.
+	// now, and the successors they named run here already, or ran here
+	// and ended with their own results in that try (a chain's results in
+	// one call: the attempt of the successor's result later in the batch
+	// is on record for this worker).
 	for i, r := range results {
 		if acks[i].Next != "lost" {
 			continue
 		}
 		var n int
-		if err := t.tx.QueryRowContext(t.ctx, `SELECT count(*) FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ?`, r.Next, workerID).Scan(&n); err != nil {
+		if err := t.tx.QueryRowContext(t.ctx, `SELECT (SELECT count(*) FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ?)
+			+ (SELECT count(*) FROM attempts WHERE task_id = ? AND attempt = ? AND worker_id = ?)`,
+			r.Next, workerID, r.Next, store.LaterAttempt(results, i), workerID).Scan(&n); err != nil {
 			return nil, err
 		}
 		if n > 0 {

@@ -319,3 +319,52 @@ func testHandoverChainOneBatchStale(t *testing.T, ns NewStore) {
 	}
 	h.counters()
 }
+
+// A chain's results in one batch, retried after the first try committed
+// (its answer lost): every result is stale now, yet each hand-over
+// happened, including those to successors whose own results ended them
+// in that first try, so each is answered "started" (a worker told "lost"
+// would stop what runs on the slot, here the task the chain's last
+// result handed over to, which the server has running for it).
+func testHandoverChainOneBatchRetried(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	tasks := h.chainQueue(6)
+	p, chain := h.claimChain()
+	require.Len(t, chain, 2)
+	// P → S1 → S2 in one batch, then S2 hands over to S3 (reserved after
+	// S2 by that batch); its first try goes in two calls here, so that
+	// the answer telling of S3 comes before S2's result names it.
+	h.tick(time.Second)
+	batch := []sluice.TaskResult{
+		withNext(ok(p), chain[0].ID),
+		withNext(ok(asRunning(chain[0])), chain[1].ID),
+	}
+	acks, more := h.completeNext("w", batch...)
+	require.Equal(t, "started", acks[1].Next)
+	require.Len(t, more, 2, "topped up two deep after S2")
+	s3 := more[0]
+	require.Equal(t, tasks[3].ID, s3.ID)
+	require.Equal(t, chain[1].ID, s3.After)
+	batch = append(batch, withNext(ok(asRunning(chain[1])), s3.ID))
+	// The first try of the whole batch (S1's part already went above;
+	// what counts is S2's result handing over to S3).
+	acks, _ = h.completeNext("w", batch[2])
+	require.Equal(t, "started", acks[0].Next)
+	require.Equal(t, sluice.StateRunning, h.state(s3.ID))
+	h.counters()
+
+	// The retry of all three: stale, and every hand-over started.
+	acks, more = h.completeNext("w", batch...)
+	require.Len(t, acks, 3)
+	for i, a := range acks {
+		require.Equal(t, "stale", a.Status, "result %d", i)
+		require.Equal(t, "started", a.Next, "result %d: the first try handed over", i)
+	}
+	require.Empty(t, more)
+	require.Equal(t, sluice.StateRunning, h.state(s3.ID))
+	for _, id := range []int64{tasks[0].ID, tasks[1].ID, tasks[2].ID} {
+		require.Equal(t, sluice.StateSucceeded, h.state(id), "task %d", id)
+		require.Len(t, h.get(id).Attempts, 1, "task %d", id)
+	}
+	h.counters()
+}
