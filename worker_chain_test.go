@@ -174,17 +174,28 @@ func TestWorkerChainHandsOverTwice(t *testing.T) {
 		require.NotEqual(t, -1, ret)
 		require.Greater(t, sent, ret, "task %d's result went before the call with %d's returned", ids[i], ids[i-1])
 	}
+	requireChainReported(t, f, ids)
+	f.locked(func() { require.Zero(t, f.sameCallHandovers) })
+	require.Empty(t, heldIDs(w))
+}
+
+// requireChainReported checks the chain ids ran as one: each result
+// reported once and accepted, each naming the next (the last none), and
+// nothing released.
+func requireChainReported(t *testing.T, f *fakeBackend, ids []int64) {
+	t.Helper()
 	f.locked(func() {
-		want := map[int64]int64{ids[0]: ids[1], ids[1]: ids[2], ids[2]: 0}
-		for id, next := range want {
+		for i, id := range ids {
+			var next int64
+			if i+1 < len(ids) {
+				next = ids[i+1]
+			}
 			require.Len(t, f.results[id], 1, "task %d", id)
 			require.Equal(t, next, f.results[id][0].Next, "task %d", id)
 			require.Equal(t, 1, f.reported[id], "task %d", id)
 		}
 		require.Empty(t, f.released)
-		require.Zero(t, f.sameCallHandovers)
 	})
-	require.Empty(t, heldIDs(w))
 }
 
 // Under backpressure the first task hands over to nobody: both reserved
@@ -582,15 +593,7 @@ func TestWorkerChainResultsInOneCall(t *testing.T) {
 			if !tc.failS1 {
 				require.Equal(t, int64(1), freeInSecond.Load(), "S2's slot stayed taken while the call carrying its result was out")
 			}
-			f.locked(func() {
-				want := map[int64]int64{ids[0]: ids[1], ids[1]: ids[2], ids[2]: 0}
-				for id, next := range want {
-					require.Len(t, f.results[id], 1, "task %d", id)
-					require.Equal(t, next, f.results[id][0].Next, "task %d", id)
-					require.Equal(t, 1, f.reported[id], "task %d", id)
-				}
-				require.Empty(t, f.released)
-			})
+			requireChainReported(t, f, ids)
 			require.Equal(t, int64(1), w.free.Load())
 			require.Empty(t, heldIDs(w))
 		})
