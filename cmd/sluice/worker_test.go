@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -348,5 +349,68 @@ func TestServerAcceptsCapacityHeartbeat(t *testing.T) {
 	}
 	if err := c.DeregisterWorker(t.Context(), reg.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestServerTakesChainResults: over HTTP the server says at registration
+// that it takes a chain's results in one complete call, takes such a
+// call (P's success hands over to S, whose own result follows), and
+// refuses a successor's result placed before its predecessor's, naming
+// the field and changing nothing.
+func TestServerTakesChainResults(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{})
+	c := sluice.NewClient(url, sluice.WithToken(e2eAdminToken))
+	ctx := t.Context()
+	limit := 1
+	if _, err := c.PutQueue(ctx, "chain", sluice.QueueParams{ConcurrencyLimit: &limit, Handover: true}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, _, err := c.Trigger(ctx, sluice.TriggerParams{Kind: "echo", Queue: "chain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wc := sluice.NewClient(url, sluice.WithToken(e2eWorkerToken))
+	reg, err := wc.RegisterWorker(ctx, sluice.RegisterWorkerParams{Name: "chain", Kinds: []string{"echo"}, Slots: 4, Handover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reg.ChainResults {
+		t.Fatal("registration: chain_results not set")
+	}
+	got, err := wc.Claim(ctx, reg.ID, sluice.ClaimParams{Max: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Tasks) != 3 || got.Tasks[1].After != got.Tasks[0].ID || got.Tasks[2].After != got.Tasks[1].ID {
+		t.Fatalf("claim: want a task and its chain of two, got %+v", got.Tasks)
+	}
+	p, s := got.Tasks[0], got.Tasks[1]
+	// Out of order: refused, nothing changes.
+	_, err = wc.Complete(ctx, reg.ID, sluice.CompleteParams{Results: []sluice.TaskResult{
+		{TaskID: s.ID, Attempt: s.Attempt}, {TaskID: p.ID, Attempt: p.Attempt, Next: s.ID},
+	}})
+	var apiErr *sluice.Error
+	if !errors.As(err, &apiErr) || apiErr.Code != sluice.CodeBadRequest || apiErr.Field != "results[0].task_id" {
+		t.Fatalf("out-of-order chain results: want a bad request naming results[0].task_id, got %v", err)
+	}
+	if task, err := c.GetTask(ctx, p.ID); err != nil || task.State != sluice.StateRunning {
+		t.Fatalf("after the refused call: task %d %v, %v", p.ID, task, err)
+	}
+	// In order: both taken.
+	res, err := wc.Complete(ctx, reg.ID, sluice.CompleteParams{Results: []sluice.TaskResult{
+		{TaskID: p.ID, Attempt: p.Attempt, Next: s.ID}, {TaskID: s.ID, Attempt: s.Attempt},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Results) != 2 || res.Results[0].Status != "ok" || res.Results[0].Next != "started" || res.Results[1].Status != "ok" {
+		t.Fatalf("chain results: %+v", res.Results)
+	}
+	for _, id := range []int64{p.ID, s.ID} {
+		if task, err := c.GetTask(ctx, id); err != nil || task.State != sluice.StateSucceeded {
+			t.Fatalf("task %d: %v, %v", id, task, err)
+		}
 	}
 }
