@@ -223,6 +223,18 @@ func testHandoverDepthOne(t *testing.T, ns NewStore) {
 	h.counters()
 }
 
+// chainResults is the successes of p and its chain, in chain order, each
+// handing over to the next (the last to none), as a worker sends a
+// chain's results in one call.
+func chainResults(p sluice.ClaimedTask, chain []sluice.ClaimedTask) []sluice.TaskResult {
+	rs := []sluice.TaskResult{ok(p)}
+	for _, c := range chain {
+		rs[len(rs)-1].Next = c.ID
+		rs = append(rs, ok(asRunning(c)))
+	}
+	return rs
+}
+
 // A whole chain's results in one batch, in chain order: P hands over to
 // S1, S1 (whose result follows) to S2, and S2 ends without a successor.
 // The hand-overs happen in the order of the results, so each successor's
@@ -236,11 +248,7 @@ func testHandoverChainOneBatch(t *testing.T, ns NewStore) {
 	p, chain := h.claimChain()
 	require.Len(t, chain, 2)
 	h.tick(time.Second)
-	acks, _, got, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{
-		withNext(ok(p), chain[0].ID),
-		withNext(ok(asRunning(chain[0])), chain[1].ID),
-		ok(asRunning(chain[1])),
-	}, noBackoff, store.ClaimSpec{Max: 10, Lease: 30 * time.Second})
+	acks, _, got, err := h.st.CompleteClaim(h.ctx, "w", chainResults(p, chain), noBackoff, store.ClaimSpec{Max: 10, Lease: 30 * time.Second})
 	require.NoError(t, err)
 	require.Len(t, acks, 3)
 	for i, a := range acks {
@@ -273,7 +281,7 @@ func testHandoverChainOneBatch(t *testing.T, ns NewStore) {
 	// over to S2 in the same batch; S2 keeps running, and the chain is
 	// topped up after it (two deep again), not after S1.
 	p, chain = asRunning(run[0]), []sluice.ClaimedTask{next[tasks[3].ID], next[tasks[4].ID]}
-	acks, more := h.completeNext("w", withNext(ok(p), chain[0].ID), withNext(ok(asRunning(chain[0])), chain[1].ID))
+	acks, more := h.completeNext("w", chainResults(p, chain)[:2]...)
 	require.Equal(t, "started", acks[0].Next)
 	require.Equal(t, "started", acks[1].Next)
 	require.Equal(t, sluice.StateRunning, h.state(tasks[5].ID))
@@ -300,11 +308,7 @@ func testHandoverChainOneBatchStale(t *testing.T, ns NewStore) {
 	_, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	h.notReserved(tasks[1].ID, tasks[2].ID)
-	acks, more := h.completeNext("w",
-		withNext(ok(p), chain[0].ID),
-		withNext(ok(asRunning(chain[0])), chain[1].ID),
-		ok(asRunning(chain[1])),
-	)
+	acks, more := h.completeNext("w", chainResults(p, chain)...)
 	require.Len(t, acks, 3)
 	for i, a := range acks {
 		require.NotEqual(t, "ok", a.Status, "result %d", i)
@@ -335,10 +339,7 @@ func testHandoverChainOneBatchRetried(t *testing.T, ns NewStore) {
 	// S2 by that batch); its first try goes in two calls here, so that
 	// the answer telling of S3 comes before S2's result names it.
 	h.tick(time.Second)
-	batch := []sluice.TaskResult{
-		withNext(ok(p), chain[0].ID),
-		withNext(ok(asRunning(chain[0])), chain[1].ID),
-	}
+	batch := chainResults(p, chain)[:2]
 	acks, more := h.completeNext("w", batch...)
 	require.Equal(t, "started", acks[1].Next)
 	require.Len(t, more, 2, "topped up two deep after S2")
