@@ -245,6 +245,10 @@ type Worker struct {
 	// held: claimed (reserved successors too) and not yet acknowledged,
 	// released or lost. Heartbeats list it all as held.
 	held map[int64]*taskRun
+	// picks numbers sendable's runs; a run it puts in a batch gets the
+	// number (taskRun.picked), so a later run of the same batch finds its
+	// predecessor there without a set built per run.
+	picks uint64
 
 	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 
@@ -312,6 +316,7 @@ type taskRun struct {
 	// slot stays taken until that call returns, for a successor that
 	// comes with its answer.
 	acked, inCall, slotHeld bool
+	picked                  uint64 // the sendable run that put it in a batch (Worker.picks)
 	succ                    *taskRun
 }
 
@@ -1295,21 +1300,16 @@ func (w *Worker) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
 	w.mu.Lock() // a late successor may be named in a result not in a call yet
 	defer w.mu.Unlock()
 	chain := w.chainResults.Load()
-	var in map[*taskRun]bool
+	w.picks++
 	for _, tr := range pending {
 		if len(batch) == maxCompleteBatch {
 			break
 		}
 		if p := tr.pred; p != nil && !p.acked &&
-			!(chain && in[p] && p.result.Error == "" && p.result.Next == tr.tc.ID) {
+			!(chain && p.picked == w.picks && p.result.Error == "" && p.result.Next == tr.tc.ID) {
 			continue
 		}
-		if chain {
-			if in == nil {
-				in = map[*taskRun]bool{}
-			}
-			in[tr] = true
-		}
+		tr.picked = w.picks
 		batch = append(batch, tr)
 		handing = handing || tr.result.Next != 0
 	}
