@@ -261,6 +261,7 @@ func TestWorkerBackpressureLedger(t *testing.T) {
 		starts                          = make(map[int64]int)
 		ratios                          []float64 // one per sample, in order
 		maxes                           []int     // one per claim, in order
+		sampleOf                        []int     // per claim, the index of the sample before it
 		badClaims                       []string
 	)
 	sampler := func() (float64, error) {
@@ -280,6 +281,7 @@ func TestWorkerBackpressureLedger(t *testing.T) {
 		}
 		mu.Lock()
 		maxes = append(maxes, p.Max)
+		sampleOf = append(sampleOf, len(ratios)-1)
 		mu.Unlock()
 	}
 	w := newTestWorker(f, WorkerConfig{Slots: slots, ClaimBatch: batch, MemoryUsage: sampler})
@@ -328,20 +330,29 @@ func TestWorkerBackpressureLedger(t *testing.T) {
 	for id, n := range starts {
 		require.Equal(t, 1, n, "task %d started %d times", id, n)
 	}
-	// Replay the halving rule over the samples: claim i follows sample i.
-	// The last sample may have no claim: the one the stop interrupted.
-	require.Contains(t, []int{len(maxes), len(maxes) + 1}, len(ratios))
-	shift, sawOne := 0, false
-	for i, r := range ratios[:len(maxes)] {
+	// Replay the halving rule over every sample; each claim follows a
+	// sample of its own (the claim loop samples, then claims), and obeys
+	// the limit that sample left. A sample may have no claim: the one the
+	// stop interrupted, or one whose slots a completion's claim reserved
+	// meanwhile (the claim loop then samples again).
+	require.NotEmpty(t, maxes)
+	for i := 1; i < len(sampleOf); i++ {
+		require.Greater(t, sampleOf[i], sampleOf[i-1], "claims %d and %d after one sample", i-1, i)
+	}
+	shift, sawOne, claim := 0, false, 0
+	for i, r := range ratios {
 		if r > DefaultMemoryHigh {
 			shift = min(shift+1, 5)
 		} else {
 			shift = max(shift-1, 0)
 		}
 		limit := max(batch>>shift, 1)
-		require.LessOrEqual(t, maxes[i], limit, "claim %d after sample %v", i, r)
-		sawOne = sawOne || limit == 1
+		for ; claim < len(maxes) && sampleOf[claim] == i; claim++ {
+			require.LessOrEqual(t, maxes[claim], limit, "claim %d after sample %d (%v)", claim, i, r)
+			sawOne = sawOne || limit == 1
+		}
 	}
+	require.Equal(t, len(maxes), claim, "a claim without a sample of its own before it (claims follow samples %v…)", sampleOf[:min(len(sampleOf), 10)])
 	require.True(t, sawOne, "the high stretch should have shrunk claims to 1")
 }
 
