@@ -87,6 +87,21 @@ type WorkerConfig struct {
 	// for a running task starts on that task's slot the moment the task
 	// ends, with no round trip (see QueueParams.Handover).
 	NoHandover bool
+	// ResultLinger is how long a result may wait for the handlers of
+	// tasks claimed less than ResultLinger ago that are still running, so
+	// that their results go in the same complete call instead of the next
+	// one (as Nagle's algorithm or Kafka's linger.ms do). It applies only
+	// when no complete call is in flight (results gather behind one
+	// anyway), only to tasks that came with a claim (not to successors
+	// started on a slot handed over, which begin as a result is sent),
+	// and once per call: the call goes as soon as those handlers have all
+	// returned, or ResultLinger after the latest of them started. Short
+	// tasks claimed together then end together: a queue limited to 100
+	// no-op tasks ends them in calls of about 100 results instead of two
+	// alternating halves of 50 (docs/benchmarks.md, "Result linger").
+	// Zero means the default, 300µs; a negative value turns it off. At
+	// most 1s.
+	ResultLinger time.Duration
 }
 
 // Defaults of WorkerConfig.
@@ -95,7 +110,9 @@ const (
 	DefaultClaimBatch      = 50
 	DefaultPollWait        = 30 * time.Second
 	DefaultShutdownTimeout = 30 * time.Second
+	DefaultResultLinger    = 300 * time.Microsecond
 	maxPollWait            = 60 * time.Second
+	maxResultLinger        = time.Second
 )
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -125,6 +142,9 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 	if c.MemoryHigh == 0 {
 		c.MemoryHigh = DefaultMemoryHigh
 	}
+	if c.ResultLinger == 0 {
+		c.ResultLinger = DefaultResultLinger
+	}
 	return c
 }
 
@@ -151,6 +171,8 @@ func (c WorkerConfig) Validate() error {
 		return Invalid("LatencyHigh", "must not be negative, got %s", c.LatencyHigh)
 	case c.MaxIdle < 0:
 		return Invalid("MaxIdle", "must not be negative, got %s", c.MaxIdle)
+	case c.ResultLinger > maxResultLinger:
+		return Invalid("ResultLinger", "must be at most %s (negative turns it off), got %s", maxResultLinger, c.ResultLinger)
 	}
 	return nil
 }
@@ -272,6 +294,12 @@ type Worker struct {
 	epoch  time.Time
 	hbOK   atomic.Int64 // send time of the last successful heartbeat
 	active atomic.Int64 // last claim with tasks or slot freed (MaxIdle only)
+
+	// ResultLinger: handlers of claimed tasks (taskRun.lingers) not yet
+	// returned, and when the latest was launched (offset from epoch).
+	launched   atomic.Int64
+	lastLaunch atomic.Int64
+	lingering  atomic.Bool // the complete loop holds results back for them
 }
 
 // kindRunner is what running a task of one kind needs.
@@ -316,8 +344,11 @@ type taskRun struct {
 	// slot stays taken until that call returns, for a successor that
 	// comes with its answer.
 	acked, inCall, slotHeld bool
-	picked                  uint64 // the sendable run that put it in a batch (Worker.picks)
-	succ                    *taskRun
+	// lingers: launched from a claim, counted in Worker.launched until
+	// its handler returns (ResultLinger).
+	lingers bool
+	picked  uint64 // the sendable run that put it in a batch (Worker.picks)
+	succ    *taskRun
 }
 
 // NewWorker returns a worker that talks to b. Configuration errors are
@@ -634,6 +665,16 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			}
 			continue
 		}
+		if w.lingering.Load() {
+			// Results wait for handlers claimed within ResultLinger
+			// (completeLoop): their call claims for the slots freed
+			// meanwhile, in the same transaction, so a claim of its own
+			// would only cost one more.
+			if d := w.lingerLeft(); d > 0 {
+				pause(d)
+				continue
+			}
+		}
 		limit, wait := w.bp.claimLimit(time.Now())
 		if wait > 0 {
 			pause(wait)
@@ -776,8 +817,13 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 	}
 	w.free.Add(-nRun)
 	w.tasks.Add(int(nRun))
+	// Counted for ResultLinger before any starts, so that one ending at
+	// once sees the others running.
+	w.lastLaunch.Store(int64(w.since()))
+	w.launched.Add(nRun)
 	for i := range runs {
 		if tasks[i].After == 0 {
+			runs[i].lingers = true
 			go w.run(&runs[i])
 		}
 	}
@@ -805,11 +851,30 @@ func (w *Worker) run(tr *taskRun) {
 	defer w.tasks.Done()
 	if w.stopping.Load() || !tr.state.CompareAndSwap(stClaimed, stRunning) {
 		// Left for the shutdown to release, or already lost.
+		w.handlerReturned(tr)
 		w.endRun(tr)
 		w.freeSlot()
 		return
 	}
 	w.execute(tr)
+}
+
+// handlerReturned notes that tr's handler returned or will not run, for
+// ResultLinger.
+func (w *Worker) handlerReturned(tr *taskRun) {
+	if tr.lingers {
+		w.launched.Add(-1)
+	}
+}
+
+// lingerLeft is how much longer a result may wait for handlers of claimed
+// tasks (ResultLinger): until ResultLinger after the latest of them
+// started, if any is still running.
+func (w *Worker) lingerLeft() time.Duration {
+	if w.cfg.ResultLinger <= 0 || w.launched.Load() == 0 {
+		return 0
+	}
+	return w.cfg.ResultLinger - (w.since() - time.Duration(w.lastLaunch.Load()))
 }
 
 // runSuccessor executes a reserved successor on the slot its predecessor
@@ -835,6 +900,7 @@ func (w *Worker) execute(tr *taskRun) {
 		defer cancel()
 	}
 	out, err := w.call(ctx, tr, kr.h)
+	w.handlerReturned(tr)
 	took := time.Since(start)
 	w.bp.lat.record(took)
 
@@ -1240,6 +1306,10 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 // call right after that result when the server takes a chain's results
 // in one call (WorkerRegistration.ChainResults; see sendable).
 //
+// With no call in flight, results wait up to WorkerConfig.ResultLinger for
+// handlers of claimed tasks still running (lingerLeft), once per call, so
+// short tasks claimed together end in one call.
+//
 // While claiming goes on (runCtx live), each call also asks for as many
 // new tasks as there are free slots (CompleteParams.Claim): a busy worker
 // gets its next tasks in the same round trip, the moment its results free
@@ -1249,14 +1319,33 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 	done := make(chan completeCall, maxCompleteCalls)
 	inflight := 0
 	flushing, failed := false, false
+	// ResultLinger: linger is armed while results wait for handlers of
+	// claimed tasks; lingered says the next call's wait is spent.
+	var linger *time.Timer
+	lingered := false
+	stopLinger := func() {
+		if linger != nil {
+			linger.Stop()
+			linger = nil
+			w.lingering.Store(false)
+		}
+	}
+	defer stopLinger()
 	for {
 		if (failed || flushing && len(pending) == 0) && inflight == 0 {
 			return
 		}
-		if !failed {
+		if !failed && !flushing && !lingered && inflight == 0 && len(pending) > 0 {
+			if d := w.lingerLeft(); d > 0 {
+				linger, lingered = time.NewTimer(d), true
+				w.lingering.Store(true)
+			}
+		}
+		if !failed && linger == nil {
 			if batch, handing := w.sendable(pending); len(batch) > 0 && (inflight == 0 || handing && inflight < maxCompleteCalls) {
 				pending = w.unsent(pending, batch)
 				inflight++
+				lingered = false
 				go func() { done <- completeCall{sent: batch, ok: w.completeCall(ctx, runCtx, batch)} }()
 				continue
 			}
@@ -1265,12 +1354,23 @@ func (w *Worker) completeLoop(ctx, runCtx context.Context) {
 		if flushing {
 			flush = nil
 		}
+		var lingerC <-chan time.Time
+		if linger != nil {
+			lingerC = linger.C
+		}
 		select {
+		case <-lingerC:
+			linger = nil
+			w.lingering.Store(false)
 		case tr := <-w.results:
 			pending = append(pending, tr)
 			pending = w.topUp(pending)
+			if w.launched.Load() == 0 {
+				stopLinger()
+			}
 		case <-flush:
 			flushing = true
+			stopLinger()
 		case c := <-done:
 			inflight--
 			w.releaseHeld(c.sent)

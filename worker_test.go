@@ -70,6 +70,9 @@ func TestWorkerConfigValidate(t *testing.T) {
 		{WorkerConfig{PollWait: -time.Second}, "PollWait"},
 		{WorkerConfig{PollWait: 61 * time.Second}, "PollWait"},
 		{WorkerConfig{ShutdownTimeout: -time.Second}, "ShutdownTimeout"},
+		{WorkerConfig{ResultLinger: 2 * time.Second}, "ResultLinger"},
+		{WorkerConfig{ResultLinger: -time.Second}, ""}, // off
+		{WorkerConfig{ResultLinger: time.Second}, ""},
 		{WorkerConfig{}, ""},
 	} {
 		err := tc.cfg.WithDefaults().Validate()
@@ -86,6 +89,7 @@ func TestWorkerConfigValidate(t *testing.T) {
 	require.Equal(t, 50, d.ClaimBatch)
 	require.Equal(t, 30*time.Second, d.PollWait)
 	require.Equal(t, 30*time.Second, d.ShutdownTimeout)
+	require.Equal(t, 300*time.Microsecond, d.ResultLinger)
 	require.NotEmpty(t, d.Name)
 }
 

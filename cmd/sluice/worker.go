@@ -39,6 +39,7 @@ type workerFlags struct {
 	memoryHigh      float64
 	latencyHigh     time.Duration
 	noHandover      bool
+	resultLinger    time.Duration
 	logLevel        string
 
 	// Only `sluice worker`, not the in-process worker of `sluice dev`.
@@ -156,6 +157,10 @@ claimed while its sub-queue is full may come with its successor reserved
 for this worker, which starts it on the same slot the moment the task ends,
 with no round trip; --no-handover opts out.
 
+With no complete call in flight, a result waits up to --result-linger for
+the handlers of tasks claimed within that time that are still running (once
+per call), so short tasks claimed together report in one call.
+
 With --max-idle, the worker stops by itself (gracefully, exit status 0) once
 it has had no task claimed or running for that long. With --metrics-addr it
 serves Prometheus metrics at /metrics.`,
@@ -208,6 +213,7 @@ func addWorkerCapacityFlags(fs *pflag.FlagSet, f *workerFlags) {
 	fs.BoolVar(&f.noHandover, "no-handover", false, "do not take reserved successors of queues with handover on (see sluice queues set --handover)")
 	fs.Float64Var(&f.memoryHigh, "memory-high", sluice.DefaultMemoryHigh, "memory use (fraction of the cgroup or machine limit) above which the claim size is halved at each sample (0 = off, at most 1)")
 	fs.DurationVar(&f.latencyHigh, "latency-high", 0, "p99 task duration above which the claim size is halved at each sample (0 = off)")
+	fs.DurationVar(&f.resultLinger, "result-linger", sluice.DefaultResultLinger, "with no complete call in flight, how long a result may wait for handlers of tasks claimed within that time, so that their results go in the same call (0 = off, at most 1s)")
 }
 
 // validate checks the flags and returns the kinds to register.
@@ -250,6 +256,8 @@ func (f *workerFlags) validateCapacity() error {
 		return usagef("--memory-high: must be between 0 (off) and 1, got %v", f.memoryHigh)
 	case f.latencyHigh < 0:
 		return usagef("--latency-high: must not be negative, got %s", f.latencyHigh)
+	case f.resultLinger < 0 || f.resultLinger > time.Second:
+		return usagef("--result-linger: must be between 0 (off) and 1s, got %s", f.resultLinger)
 	}
 	return nil
 }
@@ -259,6 +267,10 @@ func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
 	memoryHigh := f.memoryHigh
 	if memoryHigh == 0 {
 		memoryHigh = -1 // off; zero means the default in WorkerConfig
+	}
+	resultLinger := f.resultLinger
+	if resultLinger == 0 {
+		resultLinger = -1 // off, as for memoryHigh
 	}
 	return sluice.WorkerConfig{
 		Name:              f.name,
@@ -273,6 +285,7 @@ func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
 		LeaseLossAfter:    f.leaseLossAfter,
 		MaxIdle:           f.maxIdle,
 		NoHandover:        f.noHandover,
+		ResultLinger:      resultLinger,
 	}
 }
 

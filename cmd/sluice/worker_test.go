@@ -34,7 +34,7 @@ func TestWorkerBackpressureAndLifecycleFlags(t *testing.T) {
 		}
 		cfg := f.config(nil)
 		if cfg.MemoryHigh != sluice.DefaultMemoryHigh || cfg.LatencyHigh != 0 || cfg.HeartbeatInterval != 0 ||
-			cfg.LeaseLossAfter != 0 || cfg.MaxIdle != 0 || f.metricsAddr != "" {
+			cfg.LeaseLossAfter != 0 || cfg.MaxIdle != 0 || f.metricsAddr != "" || cfg.ResultLinger != sluice.DefaultResultLinger {
 			t.Fatalf("config = %+v, metrics addr %q; want the defaults", cfg, f.metricsAddr)
 		}
 	})
@@ -43,14 +43,15 @@ func TestWorkerBackpressureAndLifecycleFlags(t *testing.T) {
 		t.Parallel()
 		f, _, code, stderr := runWorkerCmd(t, map[string]string{
 			"SLUICE_MEMORY_HIGH": "0.5", "SLUICE_MAX_IDLE": "5m", "SLUICE_METRICS_ADDR": "127.0.0.1:9464",
-			"SLUICE_LATENCY_HIGH": "1s",
+			"SLUICE_LATENCY_HIGH": "1s", "SLUICE_RESULT_LINGER": "2ms",
 		}, "--latency-high", "2s", "--heartbeat-interval", "3s", "--lease-loss-after", "20s")
 		if code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
 		cfg := f.config(nil)
 		if cfg.MemoryHigh != 0.5 || cfg.LatencyHigh != 2*time.Second || cfg.HeartbeatInterval != 3*time.Second ||
-			cfg.LeaseLossAfter != 20*time.Second || cfg.MaxIdle != 5*time.Minute || f.metricsAddr != "127.0.0.1:9464" {
+			cfg.LeaseLossAfter != 20*time.Second || cfg.MaxIdle != 5*time.Minute || f.metricsAddr != "127.0.0.1:9464" ||
+			cfg.ResultLinger != 2*time.Millisecond {
 			t.Fatalf("config = %+v, metrics addr %q", cfg, f.metricsAddr)
 		}
 	})
@@ -85,12 +86,25 @@ func TestWorkerBackpressureAndLifecycleFlags(t *testing.T) {
 		}
 	})
 
+	t.Run("result-linger 0 turns it off", func(t *testing.T) {
+		t.Parallel()
+		f, _, code, stderr := runWorkerCmd(t, nil, "--result-linger", "0")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		if cfg := f.config(nil).WithDefaults(); cfg.ResultLinger >= 0 || cfg.Validate() != nil {
+			t.Fatalf("ResultLinger = %v (Validate: %v), want negative (off) and valid", cfg.ResultLinger, cfg.Validate())
+		}
+	})
+
 	for _, tt := range []struct {
 		name string
 		env  map[string]string
 		args []string
 		want []string
 	}{
+		{"negative result-linger", nil, []string{"--result-linger", "-1ms"}, []string{"--result-linger", "-1ms"}},
+		{"result-linger above 1s", map[string]string{"SLUICE_RESULT_LINGER": "2s"}, nil, []string{"--result-linger", "1s"}},
 		{"memory-high above 1", nil, []string{"--memory-high", "1.5"}, []string{"--memory-high", "1.5"}},
 		{"negative memory-high from env", map[string]string{"SLUICE_MEMORY_HIGH": "-0.1"}, nil, []string{"--memory-high"}},
 		{"negative latency-high", nil, []string{"--latency-high", "-1s"}, []string{"--latency-high"}},
