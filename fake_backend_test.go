@@ -79,6 +79,9 @@ type fakeBackend struct {
 	// beforeComplete, when set, runs at each Complete before anything
 	// else (it may block).
 	beforeComplete func(p CompleteParams)
+	// beforeHeartbeat, when set, runs at each Heartbeat before anything
+	// else (it may block).
+	beforeHeartbeat func(p HeartbeatParams)
 	// waiters are closed once as many results are accepted.
 	waiters []resultWaiter
 }
@@ -339,6 +342,9 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 }
 
 func (f *fakeBackend) Heartbeat(_ context.Context, _ string, p HeartbeatParams) (*HeartbeatResult, error) {
+	if f.beforeHeartbeat != nil {
+		f.beforeHeartbeat(p)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p.Held = slices.Clone(p.Held)

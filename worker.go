@@ -1140,8 +1140,10 @@ func (w *Worker) cancelTasks(ids []int64, cause error) {
 // loseTasks stops held tasks whose lease is gone and forgets them: their
 // results are dropped. With ids nil, it loses every held task that has not
 // produced a result yet; results already produced are still sent, for the
-// server to accept or call stale.
-func (w *Worker) loseTasks(ids []int64) int {
+// server to accept or call stale. Otherwise it loses the runs of ids that
+// are still those in snapshot (held when the heartbeat that reported them
+// was sent).
+func (w *Worker) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	// The server takes back what it reserved behind a lost task too.
@@ -1161,7 +1163,7 @@ func (w *Worker) loseTasks(ids []int64) int {
 		return n
 	}
 	for _, id := range ids {
-		if tr := w.held[id]; tr != nil {
+		if tr := w.held[id]; tr != nil && tr == snapshot[id] {
 			n += lose(id, tr)
 		}
 	}
@@ -1174,6 +1176,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var heldIDs []int64
+	snapshot := map[int64]*taskRun{} // the runs heldIDs named
 	for {
 		select {
 		case <-stop:
@@ -1187,9 +1190,11 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		// snapshot of held.
 		settled, pending := w.seqs.settled()
 		heldIDs = heldIDs[:0]
+		clear(snapshot)
 		w.mu.Lock()
-		for id := range w.held {
+		for id, tr := range w.held {
 			heldIDs = append(heldIDs, id)
+			snapshot[id] = tr
 		}
 		w.mu.Unlock()
 		sent := w.since()
@@ -1223,8 +1228,11 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		w.hbOK.Store(int64(sent))
 		if len(res.Lost) > 0 {
 			// Most are tasks whose results were acknowledged since the
-			// snapshot of held (already forgotten here): no news.
-			if n := w.loseTasks(res.Lost); n > 0 {
+			// snapshot of held (already forgotten here): no news. Only
+			// the runs the snapshot named are lost: the server may have
+			// handed a task out here again since (a retry), and that
+			// later attempt is not what it reports lost.
+			if n := w.loseTasks(res.Lost, snapshot); n > 0 {
 				w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
 			}
 		}
@@ -1244,7 +1252,7 @@ func (w *Worker) reregister(ctx context.Context, staleID string) bool {
 	if w.ID() != staleID {
 		return true // done already
 	}
-	n := w.loseTasks(nil)
+	n := w.loseTasks(nil, nil)
 	reg, err := w.b.RegisterWorker(ctx, w.registration())
 	if err != nil {
 		w.log.Error("registering again after the server forgot this worker", "err", err)
@@ -1281,7 +1289,7 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 			t.Reset(lossAfter - failing)
 			continue
 		}
-		if n := w.loseTasks(nil); n > 0 {
+		if n := w.loseTasks(nil, nil); n > 0 {
 			w.log.Error("no heartbeat succeeded for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
 				"tasks", n, "failing_for", failing.Round(time.Millisecond), "lease_loss_after", lossAfter)
 		}

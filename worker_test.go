@@ -895,3 +895,63 @@ func TestWorkerLostCompletionAnswer(t *testing.T) {
 			!slices.Contains(hb.Held, orphans[0])
 	}, waitFor, tick)
 }
+
+// A heartbeat's "lost" names tasks held when it was sent. A task retried
+// meanwhile and handed out here again is a later attempt: that run is not
+// lost. (Losing it dropped its result while the server still counted it
+// running here; the next heartbeat, not listing it, made it an orphan that
+// the server released, so another worker started the same attempt again:
+// the ledger test saw "attempt 2 started twice".)
+func TestWorkerHeartbeatLostSparesLaterAttempt(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	x := f.add(1, ClaimedTask{})[0]
+	var hbOnce atomic.Bool
+	hbHeld, hbGo := make(chan struct{}), make(chan struct{})
+	f.beforeHeartbeat = func(p HeartbeatParams) {
+		if slices.Contains(p.Held, x) && hbOnce.CompareAndSwap(false, true) {
+			// Sent while attempt 1 runs; answered once attempt 2 runs
+			// here, saying x's lease (attempt 1's) is gone.
+			close(hbHeld)
+			<-hbGo
+			f.locked(func() { f.pendingLost = append(f.pendingLost, x) })
+		}
+	}
+	fail1, started2, end2 := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var cancelled2 atomic.Bool
+	w := newTestWorker(f, WorkerConfig{Slots: 1})
+	w.Register("test", func(ctx context.Context, tc *TaskContext) (json.RawMessage, error) {
+		if tc.Attempt == 1 {
+			<-fail1
+			return nil, errors.New("attempt 1 fails")
+		}
+		close(started2)
+		select {
+		case <-end2:
+		case <-ctx.Done():
+			cancelled2.Store(true)
+		}
+		return nil, nil
+	})
+	runWorker(t, w)
+
+	<-hbHeld
+	close(fail1)
+	waitResults(t, f, 1)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick) // attempt 1 acknowledged
+	f.locked(func() { // the retry
+		f.ready = append(f.ready, ClaimedTask{ID: x, Kind: "test", Attempt: 2, MaxAttempts: 3, Input: []byte("null")})
+		f.wakeLocked()
+	})
+	<-started2
+	n := f.heartbeatCount()
+	close(hbGo)
+	require.Eventually(t, func() bool { return f.heartbeatCount() >= n+2 }, waitFor, tick) // the answer was taken in
+	require.False(t, cancelled2.Load(), "attempt 2 was stopped as lost")
+	close(end2)
+	require.Eventually(t, func() bool {
+		var ok bool
+		f.locked(func() { ok = len(f.results[x]) == 2 && f.results[x][1].Attempt == 2 })
+		return ok
+	}, waitFor, tick, "attempt 2's result")
+}
