@@ -37,6 +37,7 @@ type benchFlags struct {
 	slowSleep                                       time.Duration
 	handover, limitedHandover                       bool
 	handoverDepth                                   int
+	resultLinger                                    time.Duration
 	bulk                                            string
 	only                                            []string
 	quick, inProcess                                bool
@@ -145,6 +146,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.BoolVar(&f.handover, "handover", true, "(e): the queue hands each slot straight to its next task (QueueParams.Handover); --handover=false measures without")
 	fs.BoolVar(&f.limitedHandover, "limited-handover", false, "(b): the limited queues have handover on too (off by default)")
 	fs.IntVar(&f.handoverDepth, "handover-depth", 0, "the server's --handover-depth (1 or 2; 0: its default, 2)")
+	fs.DurationVar(&f.resultLinger, "result-linger", bench.DefaultResultLinger, "the worker's --result-linger (0 = off, at most 1s)")
 	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
 	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e")
 	fs.BoolVar(&f.quick, "quick", false, "CI-sized defaults: --tasks 20000 --duration 5s --blocked 10000,100000 --claims 1000 (flags given win)")
@@ -203,7 +205,8 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
 		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth,
-		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
+		ResultLinger: f.resultLinger,
+		Only:         only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
 	}
 	// Zero would mean "default" to bench.Config: reject it here.
 	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "workers": f.workers, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
@@ -212,6 +215,12 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		if v < 1 {
 			return bench.Config{}, usagef("--%s: must be at least 1, got %d", name, v)
 		}
+	}
+	if f.resultLinger < 0 {
+		return bench.Config{}, usagef("--result-linger: must be between 0 (off) and 1s, got %s", f.resultLinger)
+	}
+	if cfg.ResultLinger == 0 {
+		cfg.ResultLinger = -1 // off; zero means the worker's default in bench.Config
 	}
 	if f.duration <= 0 || f.timeout <= 0 || f.slowSleep <= 0 {
 		return bench.Config{}, usagef("--duration, --timeout and --slow-sleep: must be > 0")

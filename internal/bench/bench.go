@@ -20,6 +20,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice"
 )
 
 // Scenario names, as --only takes them.
@@ -46,6 +48,9 @@ type Config struct {
 	// ClaimBatch is the worker's most tasks per claim. Defaults to
 	// DefaultClaimBatch.
 	ClaimBatch int
+	// ResultLinger is the worker's sluice.WorkerConfig.ResultLinger: zero
+	// means its default, a negative value turns it off.
+	ResultLinger time.Duration
 	// EnqueueBatch is how many tasks one Engine.TriggerMany call creates when
 	// pre-enqueueing. Defaults to 1000.
 	EnqueueBatch int
@@ -147,6 +152,7 @@ const (
 	DefaultTasks        = 100000
 	DefaultSlots        = 1000
 	DefaultClaimBatch   = 1000
+	DefaultResultLinger = sluice.DefaultResultLinger
 	DefaultEnqueueBatch = 1000
 	DefaultLimit        = 100
 	DefaultKeys         = 1000
@@ -230,6 +236,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("workers: must be between 1 and 64, got %d", c.Workers)
 	case c.ClaimBatch < 1 || c.ClaimBatch > 10000:
 		return fmt.Errorf("claim-batch: must be between 1 and 10000, got %d", c.ClaimBatch)
+	case c.ResultLinger > time.Second:
+		return fmt.Errorf("result-linger: must be at most 1s, got %s", c.ResultLinger)
 	case c.EnqueueBatch < 1:
 		return fmt.Errorf("enqueue-batch: must be ≥ 1, got %d", c.EnqueueBatch)
 	case c.Limit < 1:
@@ -286,6 +294,8 @@ type Results struct {
 	Slots      int `json:"slots"`
 	Workers    int `json:"workers"`
 	ClaimBatch int `json:"claim_batch"`
+	// ResultLinger is the worker's, as a duration ("off" when off).
+	ResultLinger string `json:"result_linger"`
 	// DroppedIndexes is Config.DropIndexes: not the shipped schema.
 	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
 
@@ -315,6 +325,7 @@ func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 	res := &Results{
 		Date: time.Now().UTC(), Machine: DescribeMachine(), LoadStart: loadAvg(), LoadEnd: -1,
 		Worker: cfg.Worker.String(), Slots: cfg.Slots, Workers: cfg.Workers, ClaimBatch: cfg.ClaimBatch, DroppedIndexes: cfg.DropIndexes,
+		ResultLinger: lingerString(cfg.ResultLinger),
 	}
 	defer func() { res.LoadEnd = loadAvg() }()
 	if res.Database, err = describeDB(ctx, cfg); err != nil {
@@ -392,4 +403,16 @@ func begin(ctx context.Context, cfg Config) (Config, context.Context, context.Ca
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	return cfg, ctx, cancel, nil
+}
+
+// lingerString shows a WorkerConfig.ResultLinger: "off", or the duration
+// the worker uses.
+func lingerString(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "off"
+	case d == 0:
+		return sluice.DefaultResultLinger.String()
+	}
+	return d.String()
 }

@@ -30,7 +30,8 @@ func tiny(t testing.TB, out io.Writer) Config {
 
 func TestHarness(t *testing.T) {
 	var out testutil.SyncBuffer
-	checkHarness(t, tiny(t, &out), &out)
+	res := checkHarness(t, tiny(t, &out), &out)
+	require.Contains(t, res.Markdown(""), "result linger 300µs")
 }
 
 // TestHarnessPostgres runs every scenario on PostgreSQL, each in a schema
@@ -39,8 +40,10 @@ func TestHarnessPostgres(t *testing.T) {
 	var out testutil.SyncBuffer
 	cfg := tiny(t, &out)
 	cfg.DB = pgtest.BaseURL(t)
+	cfg.ResultLinger = -1 // and with the worker's result linger off
 	res := checkHarness(t, cfg, &out)
 	require.Contains(t, res.Database, "PostgreSQL")
+	require.Equal(t, "off", res.ResultLinger)
 	require.Contains(t, res.Markdown(""), "- Database: PostgreSQL")
 }
 

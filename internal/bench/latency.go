@@ -174,7 +174,7 @@ type finish struct {
 // handler reports when it returns.
 func startStampingWorker(ctx context.Context, cfg *Config, url string, finished chan<- finish) (stop func() error) {
 	echo := kinds.Builtins(kinds.Options{})["echo"]
-	return runInProcess(ctx, WorkerSpec{URL: url, Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch}, cfg.Logger, map[string]sluice.HandlerFunc{
+	return runInProcess(ctx, WorkerSpec{URL: url, Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}, cfg.Logger, map[string]sluice.HandlerFunc{
 		"echo": func(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
 			out, err := echo(ctx, t)
 			finished <- finish{t.ID, time.Now()}

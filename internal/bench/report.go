@@ -111,9 +111,9 @@ func (r *Results) Markdown(command string) string {
 		p("- Database: %s\n", r.Database)
 	}
 	if r.Workers > 1 {
-		p("- Workers ((a), (b)): %d × %s, %d slots each, claim batch %d\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch)
+		p("- Workers ((a), (b)): %d × %s, %d slots each, claim batch %d, result linger %s\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
 	} else {
-		p("- Worker: %s, %d slots, claim batch %d\n", r.Worker, r.Slots, r.ClaimBatch)
+		p("- Worker: %s, %d slots, claim batch %d, result linger %s\n", r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
 	}
 	if len(r.DroppedIndexes) > 0 {
 		p("- **Experiment: indexes dropped from the schema: %s** (not the shipped schema)\n", strings.Join(r.DroppedIndexes, ", "))

@@ -23,6 +23,8 @@ type WorkerSpec struct {
 	URL        string
 	Slots      int
 	ClaimBatch int
+	// ResultLinger is sluice.WorkerConfig.ResultLinger (zero: its default).
+	ResultLinger time.Duration
 	// Kinds the worker handles, of the built-in ones; default echo.
 	Kinds []string
 	// CPUProfile, when set and the worker is a process, is where it
@@ -75,7 +77,7 @@ func (w inProcess) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error)
 // HTTP, and returns the function that stops it gracefully.
 func runInProcess(ctx context.Context, spec WorkerSpec, log *slog.Logger, handlers map[string]sluice.HandlerFunc) (stop func() error) {
 	wk := sluice.NewWorker(sluice.NewClient(spec.URL), sluice.WorkerConfig{
-		Name: "bench", Slots: spec.Slots, ClaimBatch: spec.ClaimBatch, ShutdownTimeout: 10 * time.Second, Logger: log,
+		Name: "bench", Slots: spec.Slots, ClaimBatch: spec.ClaimBatch, ResultLinger: spec.ResultLinger, ShutdownTimeout: 10 * time.Second, Logger: log,
 	})
 	for k, h := range handlers {
 		wk.Register(k, h)
@@ -113,6 +115,12 @@ func (p process) String() string { return "separate process: sluice worker over 
 func (p process) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
 	cmd := exec.Command(p.exe, "worker", "--server", spec.URL, "--slots", strconv.Itoa(spec.Slots),
 		"--kinds", strings.Join(spec.kinds(), ","), "--claim-batch", strconv.Itoa(spec.ClaimBatch), "--log-level", "warn", "--name", "bench")
+	switch {
+	case spec.ResultLinger < 0:
+		cmd.Args = append(cmd.Args, "--result-linger", "0") // off
+	case spec.ResultLinger > 0:
+		cmd.Args = append(cmd.Args, "--result-linger", spec.ResultLinger.String())
+	}
 	// The worker takes SLUICE_* variables as flag defaults: keep the
 	// parent's out of it.
 	for _, kv := range os.Environ() {
