@@ -99,7 +99,7 @@ type WorkerConfig struct {
 	// tasks claimed together then end together: a queue limited to 100
 	// no-op tasks ends them in calls of about 100 results instead of two
 	// alternating halves of 50 (docs/benchmarks.md, "Result linger").
-	// Zero means the default, 300µs; a negative value turns it off. At
+	// Zero means the default, 1ms; a negative value turns it off. At
 	// most 1s.
 	ResultLinger time.Duration
 }
@@ -110,7 +110,7 @@ const (
 	DefaultClaimBatch      = 50
 	DefaultPollWait        = 30 * time.Second
 	DefaultShutdownTimeout = 30 * time.Second
-	DefaultResultLinger    = 300 * time.Microsecond
+	DefaultResultLinger    = time.Millisecond
 	maxPollWait            = 60 * time.Second
 	maxResultLinger        = time.Second
 )

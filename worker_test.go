@@ -89,7 +89,7 @@ func TestWorkerConfigValidate(t *testing.T) {
 	require.Equal(t, 50, d.ClaimBatch)
 	require.Equal(t, 30*time.Second, d.PollWait)
 	require.Equal(t, 30*time.Second, d.ShutdownTimeout)
-	require.Equal(t, 300*time.Microsecond, d.ResultLinger)
+	require.Equal(t, time.Millisecond, d.ResultLinger)
 	require.NotEmpty(t, d.Name)
 }
 

@@ -31,7 +31,7 @@ func tiny(t testing.TB, out io.Writer) Config {
 func TestHarness(t *testing.T) {
 	var out testutil.SyncBuffer
 	res := checkHarness(t, tiny(t, &out), &out)
-	require.Contains(t, res.Markdown(""), "result linger 300µs")
+	require.Contains(t, res.Markdown(""), "result linger 1ms")
 }
 
 // TestHarnessPostgres runs every scenario on PostgreSQL, each in a schema
