@@ -939,7 +939,7 @@ func TestWorkerHeartbeatLostSparesLaterAttempt(t *testing.T) {
 	close(fail1)
 	waitResults(t, f, 1)
 	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick) // attempt 1 acknowledged
-	f.locked(func() { // the retry
+	f.locked(func() {                                                                 // the retry
 		f.ready = append(f.ready, ClaimedTask{ID: x, Kind: "test", Attempt: 2, MaxAttempts: 3, Input: []byte("null")})
 		f.wakeLocked()
 	})
