@@ -938,8 +938,9 @@ func TestWorkerHeartbeatLostSparesLaterAttempt(t *testing.T) {
 	<-hbHeld
 	close(fail1)
 	waitResults(t, f, 1)
-	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick) // attempt 1 acknowledged
-	f.locked(func() {                                                                 // the retry
+	// Attempt 1 acknowledged; then the retry.
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick)
+	f.locked(func() {
 		f.ready = append(f.ready, ClaimedTask{ID: x, Kind: "test", Attempt: 2, MaxAttempts: 3, Input: []byte("null")})
 		f.wakeLocked()
 	})
