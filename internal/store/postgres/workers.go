@@ -391,7 +391,9 @@ const completeSQL = `WITH r AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4
 	rec AS (
 		INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error)
 		SELECT id, attempt, $5, started_at, $1, 'succeeded', '' FROM done)
-	SELECT d.id, d.attempt, ` + sqCols + `, ` + qCols + ` FROM done d JOIN subqueues s ON s.id = d.sq JOIN queues q ON q.name = d.queue`
+	SELECT d.ids, d.attempts, ` + sqCols + `, ` + qCols + ` FROM (
+		SELECT sq, queue, array_agg(id) AS ids, array_agg(attempt) AS attempts FROM done GROUP BY sq, queue) d
+	JOIN subqueues s ON s.id = d.sq JOIN queues q ON q.name = d.queue`
 
 // Complete ends attempts reported by a worker; see store.Store. Successes
 // (almost every result) are one statement for the whole batch; failures
@@ -608,22 +610,26 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID}, scanMoved(&c.moved))
 			t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{ids}, &c.rest)
 		}
+		// One row per sub-queue with the tasks that ended in it.
+		var endedIDs []int64
+		var endedAttempts []int32
 		t.queueQuery("complete", completeSQL, []any{at, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
-			var k attemptKey
 			sq, q := &sqRow{}, &queueRow{}
-			if err := rows.Scan(append(append([]any{&k.id, &k.attempt}, sq.dest()...), q.dest()...)...); err != nil {
+			if err := rows.Scan(append(append([]any{&endedIDs, &endedAttempts}, sq.dest()...), q.dest()...)...); err != nil {
 				return err
 			}
-			t.release(t.useSQ(sq))
-			q = t.useQueue(q)
-			t.finish(q)
-			i := okIdx[k]
-			c.acks[i].Status = "ok"
-			c.ended++
-			c.endedIDs = append(c.endedIDs, k.id)
-			c.hoQueue = c.hoQueue || q.handover
-			if n := results[i].Next; n != 0 {
-				c.handoffs = append(c.handoffs, handoff{p: k.id, s: n, at: at, ack: i, success: true})
+			sq, q = t.useSQ(sq), t.useQueue(q)
+			for j, id := range endedIDs {
+				t.release(sq)
+				t.finish(q)
+				i := okIdx[attemptKey{id, int(endedAttempts[j])}]
+				c.acks[i].Status = "ok"
+				c.ended++
+				c.endedIDs = append(c.endedIDs, id)
+				c.hoQueue = c.hoQueue || q.handover
+				if n := results[i].Next; n != 0 {
+					c.handoffs = append(c.handoffs, handoff{p: id, s: n, at: at, ack: i, success: true})
+				}
 			}
 			return nil
 		})
