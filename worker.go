@@ -214,7 +214,7 @@ func (c WorkerConfig) workerTimings(reg *WorkerRegistration) (lease, interval, l
 
 // Internal limits and timings.
 const (
-	maxCompleteBatch = 500
+	maxCompleteBatch = 1000 // results per complete call (and ids per release call)
 	claimBackoffMin  = 100 * time.Millisecond
 	claimBackoffMax  = 5 * time.Second
 	// cleanupTimeout bounds releasing, flushing results and deregistering
