@@ -160,6 +160,7 @@ func Run(t *testing.T, ns NewStore) {
 		"ListTasks":                    testList,
 		"Queues":                       testQueues,
 		"ConcurrentCompletions":        testConcurrentCompletions,
+		"CompleteAcrossSubqueues":      testCompleteAcrossSubqueues,
 		"Deregister":                   testDeregister,
 		"KindsOnlyClaimed":             testKinds,
 		"Shortfall":                    testShortfall,
@@ -1262,5 +1263,59 @@ func testRetention(t *testing.T, ns NewStore) {
 	n, err = h.st.DeleteFinished(h.ctx, t0.Add(time.Minute), 100)
 	require.NoError(t, err)
 	require.Zero(t, n)
+	h.counters()
+}
+
+// One complete call whose results span two queues and several sub-queues
+// (keys, and a queue's shared one), with a duplicate and a stale result:
+// each sub-queue and queue gives back what its tasks held, once per task
+// (the PostgreSQL store reads the ended tasks grouped by sub-queue).
+func testCompleteAcrossSubqueues(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "p", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	require.NoError(t, err)
+	var nts []store.NewTask
+	for _, k := range []string{"a", "a", "a", "b", "b", "c"} {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "p", ConcurrencyKey: k})
+	}
+	for range 4 {
+		nts = append(nts, store.NewTask{Kind: "k", Queue: "u"})
+	}
+	h.enqueue(nts...)
+	h.worker("w", 100, "k")
+	c := h.claim("w", 100)
+	require.Len(t, c, 2+2+1+4, "two of key a, two of b, one of c, four of the unlimited queue")
+	// Every claimed task succeeds in one call; the first is reported
+	// twice, and one result names an attempt that is not running.
+	rs := []sluice.TaskResult{ok(c[0])}
+	for _, x := range c {
+		rs = append(rs, ok(x))
+	}
+	stale := ok(c[1])
+	stale.Attempt = 7
+	rs = append(rs, stale)
+	acks := h.complete("w", rs...)
+	require.Len(t, acks, len(rs))
+	require.Equal(t, "ok", acks[0].Status)
+	require.Equal(t, "stale", acks[1].Status, "the duplicate")
+	for i := range c {
+		if i > 0 {
+			require.Equal(t, "ok", acks[i+1].Status, "task %d", c[i].ID)
+		}
+		require.Equal(t, sluice.StateSucceeded, h.state(c[i].ID))
+	}
+	require.Equal(t, "stale", acks[len(acks)-1].Status, "the wrong attempt")
+	h.counters()
+	p, err := h.st.GetQueue(h.ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, 1, p.Running, "the third task of key a, readied by the completion, holds its key's slot")
+	require.Equal(t, 1, p.Active)
+	u, err := h.st.GetQueue(h.ctx, "u")
+	require.NoError(t, err)
+	require.Equal(t, 0, u.Running)
+	require.Equal(t, 0, u.Active)
+	c2 := h.claim("w", 100)
+	require.Len(t, c2, 1)
+	require.Equal(t, "a", c2[0].ConcurrencyKey)
 	h.counters()
 }
