@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -299,8 +301,24 @@ func TestWorkerCommandRejectsLeaseVsHeartbeat(t *testing.T) {
 func TestWorkerCommandSecondSignal(t *testing.T) {
 	t.Parallel()
 	url := startServer(t, server.Config{})
+	// The task is an HTTP call to a server that answers only when the
+	// call is cancelled: the request arriving says the handler runs. (The
+	// task's state at the server says running once it is claimed, before
+	// the worker starts its handler; a signal in between releases it
+	// unstarted and the worker exits 0 at once.)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	target := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(started) })
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(target.Close)
+	t.Cleanup(func() { close(release) }) // runs first
 	admin := sluice.NewClient(url, sluice.WithToken(e2eAdminToken))
-	task, _, err := admin.Trigger(t.Context(), sluice.TriggerParams{Kind: "sleep", Input: json.RawMessage(`{"duration":"1h"}`)})
+	_, _, err := admin.Trigger(t.Context(), sluice.TriggerParams{Kind: "http", Input: json.RawMessage(`{"url":"` + target.URL + `","timeout":"1h"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,12 +329,13 @@ func TestWorkerCommandSecondSignal(t *testing.T) {
 	go func() {
 		// The shutdown timeout leaves a wide margin between the two
 		// signals on a loaded machine.
-		ran <- wa.run(context.Background(), []string{"worker", "--kinds", "sleep", "--shutdown-timeout", "5s"})
+		ran <- wa.run(context.Background(), []string{"worker", "--kinds", "http", "--shutdown-timeout", "5s"})
 	}()
-	waitFor(t, "the task to run", 10*time.Second, func() bool {
-		got, err := admin.GetTask(t.Context(), task.ID)
-		return err == nil && got.State == sluice.StateRunning
-	})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task's handler did not start")
+	}
 	sigs <- os.Interrupt
 	waitFor(t, "the graceful shutdown to start", 10*time.Second, func() bool {
 		return strings.Contains(wa.stderr.String(), "worker stopping")
