@@ -205,8 +205,8 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
 		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth,
-		ResultLinger: f.resultLinger,
-		Only:         only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
+		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
+		ResultLinger: resultLingerConfig(f.resultLinger),
 	}
 	// Zero would mean "default" to bench.Config: reject it here.
 	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "workers": f.workers, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
@@ -216,11 +216,8 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 			return bench.Config{}, usagef("--%s: must be at least 1, got %d", name, v)
 		}
 	}
-	if f.resultLinger < 0 {
-		return bench.Config{}, usagef("--result-linger: must be between 0 (off) and 1s, got %s", f.resultLinger)
-	}
-	if cfg.ResultLinger == 0 {
-		cfg.ResultLinger = -1 // off; zero means the worker's default in bench.Config
+	if err := checkResultLinger(f.resultLinger); err != nil {
+		return bench.Config{}, err
 	}
 	if f.duration <= 0 || f.timeout <= 0 || f.slowSleep <= 0 {
 		return bench.Config{}, usagef("--duration, --timeout and --slow-sleep: must be > 0")

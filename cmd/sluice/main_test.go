@@ -133,7 +133,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "--slow-sleep", "0s"}, "--slow-sleep: must be > 0"},
 		{[]string{"bench", "--only", "f"}, `--only: unknown scenario "f"`},
 		{[]string{"bench", "--result-linger", "-1ms"}, "--result-linger: must be between 0 (off) and 1s, got -1ms"},
-		{[]string{"bench", "--result-linger", "2s"}, "--result-linger: must be at most 1s, got 2s"},
+		{[]string{"bench", "--result-linger", "2s"}, "--result-linger: must be between 0 (off) and 1s, got 2s"},
 		{[]string{"bench", "--compare-with", "/nonexistent/river.json"}, "--compare-with: open /nonexistent/river.json"},
 	}
 	for _, tt := range tests {

@@ -256,10 +256,27 @@ func (f *workerFlags) validateCapacity() error {
 		return usagef("--memory-high: must be between 0 (off) and 1, got %v", f.memoryHigh)
 	case f.latencyHigh < 0:
 		return usagef("--latency-high: must not be negative, got %s", f.latencyHigh)
-	case f.resultLinger < 0 || f.resultLinger > time.Second:
-		return usagef("--result-linger: must be between 0 (off) and 1s, got %s", f.resultLinger)
+	}
+	return checkResultLinger(f.resultLinger)
+}
+
+// checkResultLinger checks --result-linger (of sluice worker, dev and
+// bench).
+func checkResultLinger(d time.Duration) error {
+	if d < 0 || d > time.Second {
+		return usagef("--result-linger: must be between 0 (off) and 1s, got %s", d)
 	}
 	return nil
+}
+
+// resultLingerConfig maps --result-linger, where 0 is off, onto
+// WorkerConfig.ResultLinger, where zero is the default and a negative
+// value is off.
+func resultLingerConfig(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // config maps the flags onto a sluice.WorkerConfig.
@@ -267,10 +284,6 @@ func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
 	memoryHigh := f.memoryHigh
 	if memoryHigh == 0 {
 		memoryHigh = -1 // off; zero means the default in WorkerConfig
-	}
-	resultLinger := f.resultLinger
-	if resultLinger == 0 {
-		resultLinger = -1 // off, as for memoryHigh
 	}
 	return sluice.WorkerConfig{
 		Name:              f.name,
@@ -285,7 +298,7 @@ func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
 		LeaseLossAfter:    f.leaseLossAfter,
 		MaxIdle:           f.maxIdle,
 		NoHandover:        f.noHandover,
-		ResultLinger:      resultLinger,
+		ResultLinger:      resultLingerConfig(f.resultLinger),
 	}
 }
 

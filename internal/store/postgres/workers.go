@@ -369,7 +369,9 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 
 // completeSQL ends the successful attempts of a batch in one statement:
 // the tasks, their attempt records, and (joined) the sub-queue and queue
-// rows whose counters the transaction then releases.
+// rows whose counters the transaction then releases: one row per
+// sub-queue, with the ids and attempts of the tasks that ended in it, so
+// each sub-queue and queue is joined once, not once per task.
 //
 // The batch drives the search: each reported task is looked up by its
 // primary key (the OFFSET 0 fence keeps the checks on state, worker and
