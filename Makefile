@@ -55,10 +55,11 @@ clean: ## Remove build output and the dev database
 
 BENCH_PG    ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCH_FLAGS ?=
+RIVER_FLAGS ?=
 
 bench-compare: ## Run River (bench/peers/river) then sluice on the same PostgreSQL (BENCH_PG) and print the ratios
 	@set -eo pipefail; tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; \
 	echo "== River: bench/peers/river on $(BENCH_PG)" >&2; \
-	(cd bench/peers/river && $(GO) run . --db '$(BENCH_PG)' -o json) > "$$tmp/river.json"; \
+	(cd bench/peers/river && $(GO) run . --db '$(BENCH_PG)' -o json $(RIVER_FLAGS)) > "$$tmp/river.json"; \
 	echo "== sluice: sluice bench --db $(BENCH_PG)" >&2; \
 	$(GO) run ./cmd/sluice bench --db '$(BENCH_PG)' --only a,b,c,e --compare-with "$$tmp/river.json" $(BENCH_FLAGS)

@@ -140,6 +140,17 @@ func TestCompare(t *testing.T) {
 
 	// A workload the peer did not run is left out.
 	require.Len(t, res.Compare(&Peer{System: "river"}), 0)
+
+	// River's capped no-op run is set beside the queue limit it matches,
+	// for context only (no target); a different cap is left out.
+	capped := &Peer{System: "river", CappedWorkers: 100, CappedTasksPerSecVis: f(2000)}
+	cs = res.Compare(capped)
+	require.Len(t, cs, 1)
+	require.True(t, strings.HasPrefix(cs[0].Measure, "for context: sluice queue limit 100 vs River noop on MaxWorkers 100"), cs[0].Measure)
+	require.InDelta(t, 2.0, cs[0].Ratio, 1e-9)
+	require.Nil(t, cs[0].Met)
+	capped.CappedWorkers = 50
+	require.Len(t, res.Compare(capped), 0)
 }
 
 func TestLoadPeer(t *testing.T) {

@@ -18,6 +18,9 @@ type Peer struct {
 	NoopTasksPerSec    *float64 `json:"noop_tasks_per_sec"`
 	NoopTasksPerSecVis *float64 `json:"noop_tasks_per_sec_visible"`
 
+	CappedWorkers        int      `json:"capped_workers"`
+	CappedTasksPerSecVis *float64 `json:"capped_tasks_per_sec_visible"`
+
 	LimitedTasks        int      `json:"limited_tasks"`
 	LimitedWorkers      int      `json:"limited_workers"`
 	LimitedIdealSeconds *float64 `json:"limited_ideal_seconds"`
@@ -91,6 +94,12 @@ func (r *Results) Compare(p *Peer) []Comparison {
 			higher("no-op throughput, unbounded (sluice (a); River noop, until visible)", "tasks/s", t.TasksPerSec, p.NoopTasksPerSecVis, 0)
 		case Limited:
 			higher(fmt.Sprintf("throughput with limits on: sluice queue limit %d vs River unlimited noop", t.Limit), "tasks/s", t.TasksPerSec, p.NoopTasksPerSecVis, 1)
+			if p.CappedWorkers == t.Limit {
+				// Context, no target: River's nearest to a queue limit
+				// is MaxWorkers, a cap per client process.
+				higher(fmt.Sprintf("for context: sluice queue limit %d vs River noop on MaxWorkers %d (a cap per process, not cluster-wide)", t.Limit, p.CappedWorkers),
+					"tasks/s", t.TasksPerSec, p.CappedTasksPerSecVis, 0)
+			}
 		case Keyed:
 			higher(fmt.Sprintf("throughput with limits on: sluice %d keys of limit 1 vs River unlimited noop", t.Keys), "tasks/s", t.TasksPerSec, p.NoopTasksPerSecVis, 1)
 		}

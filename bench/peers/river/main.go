@@ -32,6 +32,15 @@ type Result struct {
 	NoopInsertPerSec   *float64 `json:"noop_insert_per_sec,omitempty"`
 	NoopFetches        *int     `json:"noop_fetches,omitempty"`
 
+	// (a') no-op throughput with MaxWorkers cfg.cappedWorkers: River's
+	// nearest to sluice's (b) queue limit, a cap per client process.
+	CappedTasks          int      `json:"capped_tasks,omitempty"`
+	CappedWorkers        int      `json:"capped_workers,omitempty"`
+	CappedTasksPerSec    *float64 `json:"capped_tasks_per_sec,omitempty"`
+	CappedTasksPerSecVis *float64 `json:"capped_tasks_per_sec_visible,omitempty"`
+	CappedSeconds        *float64 `json:"capped_seconds,omitempty"`
+	CappedFetches        *int     `json:"capped_fetches,omitempty"`
+
 	// (b) limited queue.
 	LimitedTasks         int      `json:"limited_tasks,omitempty"`
 	LimitedWorkers       int      `json:"limited_workers,omitempty"`
@@ -79,6 +88,7 @@ type config struct {
 	tasks          int
 	limitedTasks   int
 	limitedWorkers int
+	cappedWorkers  int
 	jobSleep       time.Duration
 	rate           int
 	duration       time.Duration
@@ -109,7 +119,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("river-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.db, "db", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL to connect to; the bench creates and uses --database on that server")
-	fs.StringVar(&only, "only", "noop,limited,latency", "workloads to run: a comma-separated subset of noop,limited,latency")
+	fs.StringVar(&only, "only", "noop,capped,limited,latency", "workloads to run: a comma-separated subset of noop,capped,limited,latency")
+	fs.IntVar(&c.cappedWorkers, "capped-workers", 100, "MaxWorkers of the capped workload (--tasks no-op jobs): River's nearest to sluice bench's --limit, a cap per client process")
 	fs.IntVar(&c.tasks, "tasks", 100000, "no-op jobs pre-inserted for noop")
 	fs.IntVar(&c.limitedTasks, "limited-tasks", 1000, "jobs of the limited workload")
 	fs.IntVar(&c.limitedWorkers, "limited-workers", 5, "MaxWorkers of the limited queue")
@@ -138,10 +149,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		w = strings.TrimSpace(w)
 		switch w {
 		case "":
-		case "noop", "limited", "latency":
+		case "noop", "capped", "limited", "latency":
 			c.only[w] = true
 		default:
-			return fmt.Errorf("--only: unknown workload %q (want noop, limited, latency)", w)
+			return fmt.Errorf("--only: unknown workload %q (want noop, capped, limited, latency)", w)
 		}
 	}
 	if len(c.only) == 0 {
@@ -150,7 +161,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if c.output != "text" && c.output != "json" {
 		return fmt.Errorf("-o: want text or json, got %q", c.output)
 	}
-	for name, v := range map[string]int{"tasks": c.tasks, "limited-tasks": c.limitedTasks, "limited-workers": c.limitedWorkers,
+	for name, v := range map[string]int{"tasks": c.tasks, "limited-tasks": c.limitedTasks, "limited-workers": c.limitedWorkers, "capped-workers": c.cappedWorkers,
 		"rate": c.rate, "max-workers": c.maxWorkers, "pool-max-conns": c.poolMaxConns, "insert-batch": c.insertBatch} {
 		if v < 1 {
 			return fmt.Errorf("--%s: must be at least 1, got %d", name, v)
@@ -188,6 +199,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 			errs = append(errs, fmt.Errorf("noop: %w", err))
 		}
 	}
+	if c.only["capped"] && ctx.Err() == nil {
+		if err := b.runCapped(ctx, res); err != nil {
+			errs = append(errs, fmt.Errorf("capped: %w", err))
+		}
+	}
 	if c.only["limited"] && ctx.Err() == nil {
 		if err := b.runLimited(ctx, res); err != nil {
 			errs = append(errs, fmt.Errorf("limited: %w", err))
@@ -222,6 +238,10 @@ func printText(w io.Writer, r *Result, c *config) {
 	if r.NoopTasksPerSec != nil {
 		p("(a) noop:    %d jobs, %.0f jobs/s (first attempted_at → last finalized_at, %.2fs); %.0f jobs/s until all completions visible; %d fetches; inserted at %.0f jobs/s",
 			r.NoopTasks, *r.NoopTasksPerSec, *r.NoopSeconds, *r.NoopTasksPerSecVis, *r.NoopFetches, *r.NoopInsertPerSec)
+	}
+	if r.CappedTasksPerSec != nil {
+		p("(a') capped:  %d jobs on MaxWorkers %d, %.0f jobs/s (first attempted_at → last finalized_at, %.2fs); %.0f jobs/s until all completions visible; %d fetches",
+			r.CappedTasks, r.CappedWorkers, *r.CappedTasksPerSec, *r.CappedSeconds, *r.CappedTasksPerSecVis, *r.CappedFetches)
 	}
 	if r.LimitedSeconds != nil {
 		p("(b) limited: %d jobs of %s on MaxWorkers %d: %.2fs (ideal %.2fs) = %.1f%% of ideal; %.2fs until all completions visible; max concurrent %d; jobs' mean sleep %.2fms",

@@ -174,56 +174,87 @@ func stopClient(client *river.Client[pgx.Tx]) error {
 // runNoop is (a): pre-insert cfg.tasks no-op jobs, then start a client with
 // MaxWorkers cfg.maxWorkers and time the burn-down.
 func (b *bench) runNoop(ctx context.Context, res *Result) error {
+	b.logf("(a) noop: %d no-op jobs pre-inserted with InsertManyFast, then worked with MaxWorkers %d", b.cfg.tasks, b.cfg.maxWorkers)
+	r, err := b.burnDown(ctx, b.cfg.maxWorkers)
+	if err != nil {
+		return err
+	}
+	res.NoopTasks = b.cfg.tasks
+	res.NoopSeconds, res.NoopTasksPerSec, res.NoopTasksPerSecVis, res.NoopFetches = r.secs, r.perSec, r.perSecVis, r.fetches
+	res.NoopInsertPerSec = r.insertPerSec
+	return nil
+}
+
+// runCapped is (a'): (a) with MaxWorkers cfg.cappedWorkers, River's
+// nearest to sluice bench's (b) queue limit (a cap per client process,
+// where sluice's limit holds cluster-wide).
+func (b *bench) runCapped(ctx context.Context, res *Result) error {
+	b.logf("(a') capped: %d no-op jobs pre-inserted with InsertManyFast, then worked with MaxWorkers %d", b.cfg.tasks, b.cfg.cappedWorkers)
+	r, err := b.burnDown(ctx, b.cfg.cappedWorkers)
+	if err != nil {
+		return err
+	}
+	res.CappedTasks, res.CappedWorkers = b.cfg.tasks, b.cfg.cappedWorkers
+	res.CappedSeconds, res.CappedTasksPerSec, res.CappedTasksPerSecVis, res.CappedFetches = r.secs, r.perSec, r.perSecVis, r.fetches
+	return nil
+}
+
+// burnDownResult is what burnDown measured.
+type burnDownResult struct {
+	secs, perSec, perSecVis, insertPerSec *float64
+	fetches                               *int
+}
+
+// burnDown pre-inserts cfg.tasks no-op jobs in a fresh schema, then starts
+// a client with MaxWorkers maxWorkers and times the burn-down.
+func (b *bench) burnDown(ctx context.Context, maxWorkers int) (*burnDownResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.timeout)
 	defer cancel()
 	n := b.cfg.tasks
-	b.logf("(a) noop: %d no-op jobs pre-inserted with InsertManyFast, then worked with MaxWorkers %d", n, b.cfg.maxWorkers)
 	pool, err := b.freshSchema(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer pool.Close()
 	workers := river.NewWorkers()
 	river.AddWorker(workers, noopWorker{})
-	client, err := b.newClient(pool, map[string]river.QueueConfig{defaultQueue: {MaxWorkers: b.cfg.maxWorkers}}, workers)
+	client, err := b.newClient(pool, map[string]river.QueueConfig{defaultQueue: {MaxWorkers: maxWorkers}}, workers)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ins, err := b.preInsert(ctx, client, n, noopArgs{}, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Start from settled tables, as a backlog that has waited would be.
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE river_job`); err != nil {
-		return err
+		return nil, err
 	}
 	b.logf("  inserted in %.2fs (%.0f jobs/s)", ins.Seconds(), float64(n)/ins.Seconds())
 
 	if err := client.Start(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	drainedAt, err := b.waitDrained(ctx, pool, defaultQueue)
 	if stopErr := stopClient(client); err == nil && stopErr != nil {
 		err = stopErr
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s, err := readSpan(ctx, pool, defaultQueue, n)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	secs := s.lastEnd.Sub(s.firstStart).Seconds()
 	visSecs := drainedAt.Sub(s.firstStart).Seconds()
-	res.NoopTasks = n
-	res.NoopSeconds = ptr(round(secs, 3))
-	res.NoopTasksPerSec = ptr(round(float64(n)/secs, 0))
-	res.NoopTasksPerSecVis = ptr(round(float64(n)/visSecs, 0))
-	res.NoopInsertPerSec = ptr(round(float64(n)/ins.Seconds(), 0))
-	res.NoopFetches = ptr(s.fetches)
+	r := &burnDownResult{
+		secs: ptr(round(secs, 3)), perSec: ptr(round(float64(n)/secs, 0)), perSecVis: ptr(round(float64(n)/visSecs, 0)),
+		insertPerSec: ptr(round(float64(n)/ins.Seconds(), 0)), fetches: ptr(s.fetches),
+	}
 	b.logf("  %.0f jobs/s (%.2fs first start → last finish); %.0f jobs/s until all visible (%.2fs); %d fetches (%.0f jobs each)",
-		*res.NoopTasksPerSec, secs, *res.NoopTasksPerSecVis, visSecs, s.fetches, float64(n)/float64(max(s.fetches, 1)))
-	return nil
+		*r.perSec, secs, *r.perSecVis, visSecs, s.fetches, float64(n)/float64(max(s.fetches, 1)))
+	return r, nil
 }
 
 // runLimited is (b): cfg.limitedTasks jobs sleeping cfg.jobSleep on a queue
