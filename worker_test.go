@@ -860,6 +860,10 @@ func TestWorkerLostCompletionAnswer(t *testing.T) {
 	runWorker(t, w)
 	first := f.add(1, ClaimedTask{})[0]
 	require.Equal(t, first, <-started)
+	// The long-poll holds the other slot before the first task ends: were
+	// it sent after, it would ask for both slots and leave the result's
+	// call none to claim (seen once in CI under load).
+	require.Eventually(t, func() bool { return calls.Load() == 2 }, waitFor, tick)
 	orphans := f.add(1, ClaimedTask{}) // handed out with the first result, answer lost
 	close(gate)
 	<-f.resultsReached(1)
