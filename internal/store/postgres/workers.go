@@ -147,7 +147,7 @@ const claimSQL = `WITH c AS (
 // headsSQL, whose UPDATE needs the ids in an array): the materialized CTE
 // keeps the UPDATE joining by primary key. With 1,000 keys of limit 1 this
 // took the statement from about 35 to 28 µs a task (docs/benchmarks.md).
-var promoteClaimSQL = `WITH hd AS MATERIALIZED (
+const promoteClaimSQL = `WITH hd AS MATERIALIZED (
 		SELECT h.id, p.rank, h.priority, h.kind, h.dispatch_deadline_at
 		FROM unnest($8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[]) AS p(sq, n, rank, off)
 		CROSS JOIN LATERAL (
