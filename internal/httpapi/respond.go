@@ -3,12 +3,12 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -19,11 +19,24 @@ type errorBody struct {
 	Error *sluice.Error `json:"error"`
 }
 
+// answerBufs are writeJSON's buffers, reused across answers.
+var answerBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledAnswer caps the buffers kept for reuse, so one large answer
+// (a long task list) does not stay allocated.
+const maxPooledAnswer = 1 << 20
+
 // writeJSON answers status with v as JSON. It encodes into a buffer first so
 // that an encoding failure can still become a 500.
 func writeJSON(w http.ResponseWriter, status int, v any) error {
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+	buf := answerBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledAnswer {
+			buf.Reset()
+			answerBufs.Put(buf)
+		}
+	}()
+	if err := encodeAnswer(buf, v); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -1,0 +1,216 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluice-dev/sluice"
+)
+
+// The answers to claim and complete calls carry every task a worker runs,
+// so the server writes them by hand instead of through encoding/json's
+// reflection and the Marshaler methods of Duration, time.Time and
+// json.RawMessage (about six allocations a task): see
+// BenchmarkEncodeCompleteAnswer. The bytes are exactly encoding/json's
+// (FuzzEncodeAnswer); a value this writer cannot prove it writes the same
+// way (a string or input that encoding/json would escape or compact, a
+// time it would refuse) makes appendAnswer report false, and the answer
+// goes through encoding/json.
+
+// appendAnswer appends the JSON of v, with encoding/json.Encoder's
+// trailing newline, if v is an answer it writes by hand; ok is false
+// otherwise (dst is then unusable).
+func appendAnswer(dst []byte, v any) (out []byte, ok bool) {
+	switch v := v.(type) {
+	case *sluice.CompleteResult:
+		return appendCompleteResult(dst, v)
+	case *sluice.ClaimResult:
+		return appendClaimResult(dst, v)
+	}
+	return dst, false
+}
+
+func appendCompleteResult(b []byte, r *sluice.CompleteResult) ([]byte, bool) {
+	b = append(b, `{"results":`...)
+	if r.Results == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range r.Results {
+			a := &r.Results[i]
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"task_id":`...)
+			b = strconv.AppendInt(b, a.TaskID, 10)
+			b = append(b, `,"status":`...)
+			var ok bool
+			if b, ok = appendString(b, a.Status); !ok {
+				return b, false
+			}
+			if a.Next != "" {
+				b = append(b, `,"next":`...)
+				if b, ok = appendString(b, a.Next); !ok {
+					return b, false
+				}
+			}
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
+	if len(r.Tasks) > 0 {
+		b = append(b, `,"tasks":`...)
+		var ok bool
+		if b, ok = appendTasks(b, r.Tasks); !ok {
+			return b, false
+		}
+	}
+	return append(b, "}\n"...), true
+}
+
+func appendClaimResult(b []byte, r *sluice.ClaimResult) ([]byte, bool) {
+	b = append(b, `{"tasks":`...)
+	if r.Tasks == nil {
+		b = append(b, "null"...)
+	} else {
+		var ok bool
+		if b, ok = appendTasks(b, r.Tasks); !ok {
+			return b, false
+		}
+	}
+	if len(r.Cancel) > 0 {
+		b = append(b, `,"cancel":[`...)
+		for i, id := range r.Cancel {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, id, 10)
+		}
+		b = append(b, ']')
+	}
+	return append(b, "}\n"...), true
+}
+
+func appendTasks(b []byte, ts []sluice.ClaimedTask) ([]byte, bool) {
+	b = append(b, '[')
+	for i := range ts {
+		t := &ts[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		var ok bool
+		b = append(b, `{"id":`...)
+		b = strconv.AppendInt(b, t.ID, 10)
+		b = append(b, `,"kind":`...)
+		if b, ok = appendString(b, t.Kind); !ok {
+			return b, false
+		}
+		b = append(b, `,"queue":`...)
+		if b, ok = appendString(b, t.Queue); !ok {
+			return b, false
+		}
+		b = append(b, `,"concurrency_key":`...)
+		if b, ok = appendString(b, t.ConcurrencyKey); !ok {
+			return b, false
+		}
+		b = append(b, `,"attempt":`...)
+		b = strconv.AppendInt(b, int64(t.Attempt), 10)
+		b = append(b, `,"max_attempts":`...)
+		b = strconv.AppendInt(b, int64(t.MaxAttempts), 10)
+		b = append(b, `,"input":`...)
+		if b, ok = appendRaw(b, t.Input); !ok {
+			return b, false
+		}
+		b = append(b, `,"timeout":"`...)
+		b = append(b, t.Timeout.String()...) // digits, units and "µ": nothing to escape
+		b = append(b, `","created_at":`...)
+		if b, ok = appendTime(b, t.CreatedAt); !ok {
+			return b, false
+		}
+		b = append(b, `,"started_at":`...)
+		if b, ok = appendTime(b, t.StartedAt); !ok {
+			return b, false
+		}
+		b = append(b, `,"lease_expires_at":`...)
+		if b, ok = appendTime(b, t.LeaseExpiresAt); !ok {
+			return b, false
+		}
+		if t.After != 0 {
+			b = append(b, `,"after":`...)
+			b = strconv.AppendInt(b, t.After, 10)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']'), true
+}
+
+// appendString appends s quoted if encoding/json would write it as is:
+// printable ASCII other than the quote, the backslash and the characters
+// it escapes for HTML (<, > and &).
+func appendString(b []byte, s string) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return b, false
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"'), true
+}
+
+// appendRaw appends a task's input as encoding/json writes a
+// json.RawMessage: null when empty, else as is if it is already compact
+// (no whitespace outside strings) and holds nothing encoding/json escapes
+// for HTML (<, >, &, U+2028, U+2029, whose UTF-8 starts with 0xE2). The
+// store keeps inputs as validated JSON; a value that is not is left to
+// encoding/json, which reports it.
+func appendRaw(b []byte, raw json.RawMessage) ([]byte, bool) {
+	if raw == nil {
+		return append(b, "null"...), true
+	}
+	in := false // inside a string
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == '<' || c == '>' || c == '&' || c == 0xE2:
+			return b, false
+		case in && c == '\\':
+			i++ // the escaped byte cannot end the string
+		case c == '"':
+			in = !in
+		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return b, false
+		}
+	}
+	if in || !json.Valid(raw) {
+		return b, false
+	}
+	return append(b, raw...), true
+}
+
+// appendTime appends t as time.Time.MarshalJSON does (RFC 3339 with
+// nanoseconds), for the times it accepts: years 0 to 9999, zone offsets
+// under 24 hours.
+func appendTime(b []byte, t time.Time) ([]byte, bool) {
+	if y := t.Year(); y < 0 || y > 9999 {
+		return b, false
+	}
+	if _, off := t.Zone(); off <= -24*3600 || off >= 24*3600 {
+		return b, false
+	}
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"'), true
+}
+
+// encodeAnswer returns v's JSON as encoding/json.Encoder writes it (with
+// its trailing newline), by hand when appendAnswer can.
+func encodeAnswer(buf *bytes.Buffer, v any) error {
+	if out, ok := appendAnswer(buf.AvailableBuffer(), v); ok {
+		buf.Write(out)
+		return nil
+	}
+	return json.NewEncoder(buf).Encode(v)
+}
