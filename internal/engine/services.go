@@ -185,7 +185,12 @@ func (e *Engine) PromoteDueOnce(ctx context.Context) (time.Time, error) {
 		if err != nil {
 			return time.Time{}, err
 		}
-		e.after(o)
+		if n > 0 || o.Readied > 0 {
+			// A pass that moved nothing changed nothing: it must not
+			// make waiting claims look again (the scheduler runs one a
+			// second even with nothing scheduled).
+			e.after(o)
+		}
 		if n < sweepBatch {
 			return next, nil
 		}
