@@ -143,6 +143,16 @@ func (e *Engine) loop(ctx context.Context, name string, every time.Duration, fn 
 	}
 }
 
+// afterPass handles the outcome of a background pass that ended, moved or
+// recovered n tasks. A pass that did nothing (n = 0, nothing readied)
+// changed nothing: it must not make waiting claims look again. The sweeper
+// and the scheduler each run one a second even when idle.
+func afterPass(e *Engine, n int, o store.Outcome) {
+	if n > 0 || o.Readied > 0 {
+		e.after(o)
+	}
+}
+
 // SweepOnce recovers expired leases and timed-out attempts and fails tasks
 // past their dispatch deadline, in bounded batches.
 func (e *Engine) SweepOnce(ctx context.Context) error {
@@ -152,7 +162,7 @@ func (e *Engine) SweepOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		e.after(o)
+		afterPass(e, n, o)
 		if n > 0 {
 			e.metrics.swept.Add(float64(n))
 			e.log.Info("recovered expired leases and timeouts", "count", n)
@@ -167,7 +177,7 @@ func (e *Engine) SweepOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		e.after(o)
+		afterPass(e, n, o)
 		if n > 0 {
 			e.metrics.deadlineExpired.Add(float64(n))
 		}
@@ -185,12 +195,7 @@ func (e *Engine) PromoteDueOnce(ctx context.Context) (time.Time, error) {
 		if err != nil {
 			return time.Time{}, err
 		}
-		if n > 0 || o.Readied > 0 {
-			// A pass that moved nothing changed nothing: it must not
-			// make waiting claims look again (the scheduler runs one a
-			// second even with nothing scheduled).
-			e.after(o)
-		}
+		afterPass(e, n, o)
 		if n < sweepBatch {
 			return next, nil
 		}

@@ -93,10 +93,12 @@ func TestClaimSkipsUselessLook(t *testing.T) {
 	w := f.register("k")
 	f.trigger(sluice.TriggerParams{Kind: "k"})
 	require.Len(t, f.claim(w, 10), 1) // took all there was
-	// The scheduler's pass with nothing due changes nothing (it runs
-	// once a second, and once at start, racing this test).
+	// Background passes that find nothing to do change nothing (the
+	// scheduler and the sweeper run once a second, and the scheduler once
+	// at start, racing this test).
 	_, err := f.e.PromoteDueOnce(f.ctx)
 	require.NoError(t, err)
+	require.NoError(t, f.e.SweepOnce(f.ctx))
 	before := f.skippedLooks()
 	parked := f.parkClaim(w, 10*time.Second)
 	require.Equal(t, before+1, f.skippedLooks())
