@@ -63,6 +63,19 @@ func (r *answerReader) lit(s string) bool {
 	return true
 }
 
+// array reads a JSON array, each element with elem.
+func (r *answerReader) array(elem func() bool) bool {
+	if !r.lit("[") {
+		return false
+	}
+	for first := true; !r.lit("]"); first = false {
+		if !first && !r.lit(",") || !elem() {
+			return false
+		}
+	}
+	return true
+}
+
 // count is a capacity hint for an array of objects that start with s:
 // how often s occurs in what is left (inputs may hold it too), at most
 // 1,000.
@@ -228,14 +241,8 @@ func (r *answerReader) completeResult(v *CompleteResult) bool {
 	if r.lit("null") {
 		v.Results = nil
 	} else {
-		if !r.lit("[") {
-			return false
-		}
 		v.Results = make([]ResultAck, 0, r.count(`{"task_id":`))
-		for first := true; !r.lit("]"); first = false {
-			if !first && !r.lit(",") {
-				return false
-			}
+		if !r.array(func() bool {
 			var a ResultAck
 			var ok bool
 			if !r.lit(`{"task_id":`) {
@@ -252,10 +259,10 @@ func (r *answerReader) completeResult(v *CompleteResult) bool {
 					return false
 				}
 			}
-			if !r.lit("}") {
-				return false
-			}
 			v.Results = append(v.Results, a)
+			return r.lit("}")
+		}) {
+			return false
 		}
 	}
 	if r.lit(`,"tasks":`) {
@@ -273,17 +280,14 @@ func (r *answerReader) claimResult(v *ClaimResult) bool {
 	if !r.lit("null") && !r.tasks(&v.Tasks) {
 		return false
 	}
-	if r.lit(`,"cancel":[`) {
+	if r.lit(`,"cancel":`) {
 		v.Cancel = []int64{}
-		for first := true; !r.lit("]"); first = false {
-			if !first && !r.lit(",") {
-				return false
-			}
+		if !r.array(func() bool {
 			id, ok := r.int()
-			if !ok {
-				return false
-			}
 			v.Cancel = append(v.Cancel, id)
+			return ok
+		}) {
+			return false
 		}
 	}
 	return r.lit("}")
@@ -291,18 +295,12 @@ func (r *answerReader) claimResult(v *ClaimResult) bool {
 
 // tasks reads an array of claimed tasks.
 func (r *answerReader) tasks(dst *[]ClaimedTask) bool {
-	if !r.lit("[") {
-		return false
-	}
 	ts := make([]ClaimedTask, 0, r.count(`{"id":`))
-	for first := true; !r.lit("]"); first = false {
-		if !first && !r.lit(",") {
-			return false
-		}
+	if !r.array(func() bool {
 		ts = append(ts, ClaimedTask{})
-		if !r.task(&ts[len(ts)-1]) {
-			return false
-		}
+		return r.task(&ts[len(ts)-1])
+	}) {
+		return false
 	}
 	*dst = ts
 	return true

@@ -104,17 +104,11 @@ func appendTasks(b []byte, ts []sluice.ClaimedTask) ([]byte, bool) {
 		var ok bool
 		b = append(b, `{"id":`...)
 		b = strconv.AppendInt(b, t.ID, 10)
-		b = append(b, `,"kind":`...)
-		if b, ok = appendString(b, t.Kind); !ok {
-			return b, false
-		}
-		b = append(b, `,"queue":`...)
-		if b, ok = appendString(b, t.Queue); !ok {
-			return b, false
-		}
-		b = append(b, `,"concurrency_key":`...)
-		if b, ok = appendString(b, t.ConcurrencyKey); !ok {
-			return b, false
+		for _, f := range [...]struct{ name, v string }{{`,"kind":`, t.Kind}, {`,"queue":`, t.Queue}, {`,"concurrency_key":`, t.ConcurrencyKey}} {
+			b = append(b, f.name...)
+			if b, ok = appendString(b, f.v); !ok {
+				return b, false
+			}
 		}
 		b = append(b, `,"attempt":`...)
 		b = strconv.AppendInt(b, int64(t.Attempt), 10)
@@ -126,17 +120,15 @@ func appendTasks(b []byte, ts []sluice.ClaimedTask) ([]byte, bool) {
 		}
 		b = append(b, `,"timeout":"`...)
 		b = append(b, t.Timeout.String()...) // digits, units and "µ": nothing to escape
-		b = append(b, `","created_at":`...)
-		if b, ok = appendTime(b, t.CreatedAt); !ok {
-			return b, false
-		}
-		b = append(b, `,"started_at":`...)
-		if b, ok = appendTime(b, t.StartedAt); !ok {
-			return b, false
-		}
-		b = append(b, `,"lease_expires_at":`...)
-		if b, ok = appendTime(b, t.LeaseExpiresAt); !ok {
-			return b, false
+		b = append(b, '"')
+		for _, f := range [...]struct {
+			name string
+			v    time.Time
+		}{{`,"created_at":`, t.CreatedAt}, {`,"started_at":`, t.StartedAt}, {`,"lease_expires_at":`, t.LeaseExpiresAt}} {
+			b = append(b, f.name...)
+			if b, ok = appendTime(b, f.v); !ok {
+				return b, false
+			}
 		}
 		if t.After != 0 {
 			b = append(b, `,"after":`...)
