@@ -24,14 +24,6 @@ func open(t *testing.T, dbURL string) *postgres.Store {
 	return st
 }
 
-// newStore is a migrated store on a fresh schema.
-func newStore(t *testing.T) store.Store {
-	st := open(t, pgtest.URL(t))
-	_, err := st.Migrate(context.Background())
-	require.NoError(t, err)
-	return st
-}
-
 // Two replicas on one schema, migrating at once as two servers starting
 // together do.
 func newReplicas(t *testing.T) (store.Store, store.Store) {

@@ -299,7 +299,7 @@ func testHandoverPauseCancel(t *testing.T, ns NewStore) {
 
 	// Cancel a reserved task: at once; its hand-over is then lost and
 	// the freed slot goes to the next task.
-	run, next = SplitReserved(h.claim("w", 10))
+	run, _ = SplitReserved(h.claim("w", 10))
 	require.Empty(t, run, "the slot is held by the running successor")
 	_, more = h.completeNext("w", ok(asRunning(s)))
 	require.Empty(t, more)
