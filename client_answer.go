@@ -20,7 +20,8 @@ import (
 
 // readAnswer decodes raw into out by hand if out is a claim or complete
 // answer and raw is in the server's layout; ok is false (out untouched)
-// otherwise.
+// otherwise. out is zero, as the Client's calls pass it: it is replaced
+// whole, where encoding/json would keep the fields raw does not name.
 func readAnswer(raw []byte, out any) (ok bool) {
 	r := answerReader{b: raw}
 	switch out := out.(type) {

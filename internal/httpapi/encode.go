@@ -154,7 +154,7 @@ func appendString(b []byte, s string) ([]byte, bool) {
 }
 
 // appendRaw appends a task's input as encoding/json writes a
-// json.RawMessage: null when empty, else as is if it is already compact
+// json.RawMessage: null when nil, else as is if it is already compact
 // (no whitespace outside strings) and holds nothing encoding/json escapes
 // for HTML (<, >, &, U+2028, U+2029, whose UTF-8 starts with 0xE2). The
 // store keeps inputs as validated JSON; a value that is not is left to
