@@ -40,7 +40,7 @@ type benchFlags struct {
 	resultLinger                                    time.Duration
 	bulk                                            string
 	only                                            []string
-	quick, inProcess                                bool
+	quick, inProcess, embedded                      bool
 	out, output, dir, cpuprofile, db                string
 	compareWith                                     string
 	dropIndexes                                     []string
@@ -66,6 +66,11 @@ or with --db postgres://… a new schema of that database, dropped afterwards.
   e  a queue limited to --slow-limit running --slow-tasks tasks that each
      sleep --slow-sleep, as % of the ideal (tasks × sleep / limit)
 
+The worker of (a), (b) and (e) is a sluice worker process over HTTP;
+--in-process runs it in this process over HTTP, and --embedded in this
+process on the engine itself, without HTTP, as a Go program that embeds
+sluice (and River, a library) runs its workers.
+
 Throughput is tasks over the time from the first task's start to the last
 one's finish, read from the database. Progress goes to stderr, results to
 stdout (a Markdown table, or JSON with -o json); --out writes them into the
@@ -87,18 +92,24 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 					return usagef("--compare-with: %v", err)
 				}
 			}
-			if !f.inProcess {
-				exe, err := os.Executable()
-				if err != nil {
-					return fmt.Errorf("finding the sluice binary for the worker process: %w", err)
-				}
-				cfg.Worker = bench.Process(exe)
+			if f.embedded && f.inProcess {
+				return usagef("--embedded and --in-process: choose one (--embedded runs the worker in this process too, on the engine without HTTP)")
 			}
 			logger, err := a.newLogger("warn")
 			if err != nil {
 				return err
 			}
 			cfg.Logger = logger
+			switch {
+			case f.embedded:
+				cfg.Worker = bench.Embedded(logger)
+			case !f.inProcess:
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("finding the sluice binary for the worker process: %w", err)
+				}
+				cfg.Worker = bench.Process(exe)
+			}
 			ctx, stop := a.withSignals(cmd.Context(), logger)
 			defer stop()
 			res, runErr := bench.Run(ctx, cfg)
@@ -151,6 +162,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e")
 	fs.BoolVar(&f.quick, "quick", false, "CI-sized defaults: --tasks 20000 --duration 5s --blocked 10000,100000 --claims 1000 (flags given win)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run the worker in this process (over HTTP) instead of as a sluice worker process")
+	fs.BoolVar(&f.embedded, "embedded", false, "run the worker in this process on the engine itself (no HTTP), as a Go program embedding sluice does: the like-for-like set-up against River")
 	fs.DurationVar(&f.timeout, "timeout", bench.DefaultTimeout, "bound on each scenario")
 	fs.StringVar(&f.out, "out", "", "Markdown file whose results section to write, e.g. docs/benchmarks.md")
 	fs.StringVarP(&f.output, "output", "o", "table", "output format: table (Markdown) or json")

@@ -135,6 +135,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "--result-linger", "-1ms"}, "--result-linger: must be between 0 (off) and 1s, got -1ms"},
 		{[]string{"bench", "--result-linger", "2s"}, "--result-linger: must be between 0 (off) and 1s, got 2s"},
 		{[]string{"bench", "--compare-with", "/nonexistent/river.json"}, "--compare-with: open /nonexistent/river.json"},
+		{[]string{"bench", "--embedded", "--in-process"}, "--embedded and --in-process: choose one"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

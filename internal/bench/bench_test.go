@@ -34,6 +34,47 @@ func TestHarness(t *testing.T) {
 	require.Contains(t, res.Markdown(""), "result linger 1ms")
 }
 
+// TestHarnessEmbedded runs every scenario with the worker on the engine
+// in this process (no HTTP), on SQLite and on PostgreSQL.
+func TestHarnessEmbedded(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			var out testutil.SyncBuffer
+			cfg := tiny(t, &out)
+			if db == "postgres" {
+				cfg.DB = pgtest.BaseURL(t)
+			}
+			cfg.Worker = Embedded(nil)
+			res := checkHarness(t, cfg, &out)
+			require.Contains(t, res.Worker, "embedded")
+			require.Contains(t, res.Markdown(""), "- Worker: embedded sluice.Worker on the engine in this process (no HTTP)")
+		})
+	}
+}
+
+// An embedded worker talks to the scenario's engine, never to the URL;
+// the others talk HTTP to the URL.
+func TestInProcessBackend(t *testing.T) {
+	var engine sluice.Backend = sluice.NewClient("http://engine.invalid")
+	spec := WorkerSpec{URL: "http://127.0.0.1:1", Backend: engine}
+
+	b, err := inProcessBackend(Embedded(nil), spec)
+	require.NoError(t, err)
+	require.Same(t, engine, b)
+
+	for _, ws := range []WorkerStarter{InProcess(nil), Process("sluice")} {
+		b, err = inProcessBackend(ws, spec)
+		require.NoError(t, err)
+		require.NotSame(t, engine, b, ws.String())
+		require.IsType(t, &sluice.Client{}, b)
+	}
+
+	_, err = inProcessBackend(Embedded(nil), WorkerSpec{URL: spec.URL})
+	require.ErrorContains(t, err, "no engine")
+	_, err = Embedded(nil).Start(context.Background(), WorkerSpec{URL: spec.URL})
+	require.ErrorContains(t, err, "no engine")
+}
+
 // TestHarnessPostgres runs every scenario on PostgreSQL, each in a schema
 // of its own that it drops.
 func TestHarnessPostgres(t *testing.T) {

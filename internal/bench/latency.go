@@ -82,7 +82,10 @@ func RunLatency(ctx context.Context, cfg Config) (*LatencyResult, error) {
 	}
 	defer e.close()
 	finished := make(chan finish, n+triggerSenders)
-	stopWorker := startStampingWorker(ctx, &cfg, e.url, finished)
+	stopWorker, err := startStampingWorker(ctx, &cfg, WorkerSpec{URL: e.url, Backend: e.srv.Backend(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}, finished)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if stopWorker != nil {
 			_ = stopWorker()
@@ -171,16 +174,21 @@ type finish struct {
 }
 
 // startStampingWorker runs a sluice.Worker in this process whose echo
-// handler reports when it returns.
-func startStampingWorker(ctx context.Context, cfg *Config, url string, finished chan<- finish) (stop func() error) {
+// handler reports when it returns: over HTTP, or on the engine when
+// cfg.Worker is Embedded.
+func startStampingWorker(ctx context.Context, cfg *Config, spec WorkerSpec, finished chan<- finish) (stop func() error, err error) {
+	b, err := inProcessBackend(cfg.Worker, spec)
+	if err != nil {
+		return nil, err
+	}
 	echo := kinds.Builtins(kinds.Options{})["echo"]
-	return runInProcess(ctx, WorkerSpec{URL: url, Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}, cfg.Logger, map[string]sluice.HandlerFunc{
+	return runInProcess(ctx, b, spec, cfg.Logger, map[string]sluice.HandlerFunc{
 		"echo": func(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
 			out, err := echo(ctx, t)
 			finished <- finish{t.ID, time.Now()}
 			return out, err
 		},
-	})
+	}), nil
 }
 
 // seen is when a finished task became visible.

@@ -88,7 +88,7 @@ func RunSlowLimited(ctx context.Context, cfg Config) (*SlowResult, error) {
 	if err := e.checkpoint(ctx); err != nil {
 		return nil, err
 	}
-	stopWorker, err := cfg.Worker.Start(ctx, WorkerSpec{URL: e.url, Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger, Kinds: []string{"sleep"}})
+	stopWorker, err := cfg.Worker.Start(ctx, WorkerSpec{URL: e.url, Backend: e.srv.Backend(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger, Kinds: []string{"sleep"}})
 	if err != nil {
 		return nil, err
 	}

@@ -126,7 +126,7 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 	r.EnqueuePerSec = float64(cfg.Tasks) / took.Seconds()
 	cfg.progress("  enqueued %d in %.2fs (%.0f/s, Engine.TriggerMany of %d)", cfg.Tasks, r.EnqueueSeconds, r.EnqueuePerSec, cfg.EnqueueBatch)
 
-	spec := WorkerSpec{URL: e.url, Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}
+	spec := WorkerSpec{URL: e.url, Backend: e.srv.Backend(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}
 	var stopProfile func() error
 	if cfg.CPUProfile != "" {
 		spec.CPUProfile = cfg.CPUProfile + "-" + string(shape) + "-worker.pprof"

@@ -30,6 +30,9 @@ type WorkerSpec struct {
 	// CPUProfile, when set and the worker is a process, is where it
 	// writes its CPU profile.
 	CPUProfile string
+	// Backend is the scenario's engine in this process
+	// (server.Server.Backend): what an Embedded worker talks to.
+	Backend sluice.Backend
 }
 
 func (s WorkerSpec) kinds() []string {
@@ -44,7 +47,7 @@ type StopFunc func() (cpu time.Duration, err error)
 
 // A WorkerStarter starts the worker of a scenario: one worker that
 // handles the spec's built-in kinds (echo by default) and talks to the
-// server over HTTP.
+// server over HTTP, or to its engine directly (Embedded).
 type WorkerStarter interface {
 	// Start starts a worker; stop shuts it down gracefully, waits, and
 	// returns the CPU time the worker used when it is a process (0 when
@@ -57,26 +60,67 @@ type WorkerStarter interface {
 // InProcess runs a sluice.Worker in this process, over HTTP. It shares
 // the two cores' scheduler with the server, as a process would, but not
 // its garbage collector's pauses.
-func InProcess(logger *slog.Logger) WorkerStarter { return inProcess{logger} }
+func InProcess(logger *slog.Logger) WorkerStarter { return inProcess{log: logger} }
 
-type inProcess struct{ log *slog.Logger }
+// Embedded runs a sluice.Worker in this process on the scenario's engine
+// itself (WorkerSpec.Backend, from server.Server.Backend): no HTTP and no
+// JSON, as a Go program that embeds sluice runs its workers. It is the
+// like-for-like set-up against River, which is a library in the
+// program's process too.
+func Embedded(logger *slog.Logger) WorkerStarter { return inProcess{log: logger, embedded: true} }
 
-func (inProcess) String() string { return "in-process sluice.Worker over HTTP" }
+type inProcess struct {
+	log      *slog.Logger
+	embedded bool
+}
+
+func (w inProcess) String() string {
+	if w.embedded {
+		return "embedded sluice.Worker on the engine in this process (no HTTP)"
+	}
+	return "in-process sluice.Worker over HTTP"
+}
 
 func (w inProcess) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
+	b, err := w.backend(spec)
+	if err != nil {
+		return nil, err
+	}
 	builtins := kinds.Builtins(kinds.Options{})
 	handlers := map[string]sluice.HandlerFunc{}
 	for _, k := range spec.kinds() {
 		handlers[k] = builtins[k]
 	}
-	stop := runInProcess(ctx, spec, w.log, handlers)
+	stop := runInProcess(ctx, b, spec, w.log, handlers)
 	return func() (time.Duration, error) { return 0, stop() }, nil
 }
 
-// runInProcess runs a sluice.Worker with handlers in this process, over
-// HTTP, and returns the function that stops it gracefully.
-func runInProcess(ctx context.Context, spec WorkerSpec, log *slog.Logger, handlers map[string]sluice.HandlerFunc) (stop func() error) {
-	wk := sluice.NewWorker(sluice.NewClient(spec.URL), sluice.WorkerConfig{
+// backend is what the worker talks to: the engine when embedded, else
+// the server at spec.URL.
+func (w inProcess) backend(spec WorkerSpec) (sluice.Backend, error) {
+	if !w.embedded {
+		return sluice.NewClient(spec.URL), nil
+	}
+	if spec.Backend == nil {
+		return nil, errors.New("embedded worker: the scenario gave no engine (WorkerSpec.Backend)")
+	}
+	return spec.Backend, nil
+}
+
+// inProcessBackend is what a worker in this process talks to under ws:
+// the engine when ws is Embedded, else the server at spec.URL over HTTP.
+func inProcessBackend(ws WorkerStarter, spec WorkerSpec) (sluice.Backend, error) {
+	w, ok := ws.(inProcess)
+	if !ok {
+		w = inProcess{}
+	}
+	return w.backend(spec)
+}
+
+// runInProcess runs a sluice.Worker with handlers in this process on b,
+// and returns the function that stops it gracefully.
+func runInProcess(ctx context.Context, b sluice.Backend, spec WorkerSpec, log *slog.Logger, handlers map[string]sluice.HandlerFunc) (stop func() error) {
+	wk := sluice.NewWorker(b, sluice.WorkerConfig{
 		Name: "bench", Slots: spec.Slots, ClaimBatch: spec.ClaimBatch, ResultLinger: spec.ResultLinger, ShutdownTimeout: 10 * time.Second, Logger: log,
 	})
 	for k, h := range handlers {
