@@ -37,6 +37,17 @@ func TestHarness(t *testing.T) {
 // TestHarnessEmbedded runs every scenario with the worker on the engine
 // in this process (no HTTP), on SQLite and on PostgreSQL.
 func TestHarnessEmbedded(t *testing.T) {
+	onBothStores(t, func(t *testing.T, cfg Config, out *testutil.SyncBuffer) {
+		cfg.Worker = Embedded(nil)
+		res := checkHarness(t, cfg, out)
+		require.Contains(t, res.Worker, "embedded")
+		require.Contains(t, res.Markdown(""), "- Worker: embedded sluice.Worker on the engine in this process (no HTTP)")
+	})
+}
+
+// onBothStores runs fn with a tiny configuration on SQLite, then on
+// PostgreSQL.
+func onBothStores(t *testing.T, fn func(t *testing.T, cfg Config, out *testutil.SyncBuffer)) {
 	for _, db := range []string{"sqlite", "postgres"} {
 		t.Run(db, func(t *testing.T) {
 			var out testutil.SyncBuffer
@@ -44,10 +55,7 @@ func TestHarnessEmbedded(t *testing.T) {
 			if db == "postgres" {
 				cfg.DB = pgtest.BaseURL(t)
 			}
-			cfg.Worker = Embedded(nil)
-			res := checkHarness(t, cfg, &out)
-			require.Contains(t, res.Worker, "embedded")
-			require.Contains(t, res.Markdown(""), "- Worker: embedded sluice.Worker on the engine in this process (no HTTP)")
+			fn(t, cfg, &out)
 		})
 	}
 }
@@ -371,27 +379,20 @@ func TestMaxOverlap(t *testing.T) {
 // --limited-handover: (b)'s limited queues run with handover on, their
 // limits hold, and the report says so.
 func TestLimitedHandover(t *testing.T) {
-	for _, db := range []string{"sqlite", "postgres"} {
-		t.Run(db, func(t *testing.T) {
-			var out testutil.SyncBuffer
-			cfg := tiny(t, &out)
-			if db == "postgres" {
-				cfg.DB = pgtest.BaseURL(t)
+	onBothStores(t, func(t *testing.T, cfg Config, out *testutil.SyncBuffer) {
+		cfg.LimitedHandover = true
+		for _, shape := range []Shape{Limited, Keyed} {
+			r, err := RunThroughput(context.Background(), cfg, shape)
+			require.NoError(t, err, out.String())
+			require.True(t, r.Handover)
+			require.Contains(t, r.Label, "handover on")
+			require.Equal(t, 300, r.Tasks)
+			require.Positive(t, r.MaxRunning)
+			if shape == Limited {
+				require.LessOrEqual(t, r.MaxRunning, cfg.Limit, "queue limit exceeded")
+			} else {
+				require.Equal(t, 1, r.MaxRunningPerKey, "key limit exceeded")
 			}
-			cfg.LimitedHandover = true
-			for _, shape := range []Shape{Limited, Keyed} {
-				r, err := RunThroughput(context.Background(), cfg, shape)
-				require.NoError(t, err, out.String())
-				require.True(t, r.Handover)
-				require.Contains(t, r.Label, "handover on")
-				require.Equal(t, 300, r.Tasks)
-				require.Positive(t, r.MaxRunning)
-				if shape == Limited {
-					require.LessOrEqual(t, r.MaxRunning, cfg.Limit, "queue limit exceeded")
-				} else {
-					require.Equal(t, 1, r.MaxRunningPerKey, "key limit exceeded")
-				}
-			}
-		})
-	}
+		}
+	})
 }
