@@ -110,10 +110,7 @@ func (w inProcess) backend(spec WorkerSpec) (sluice.Backend, error) {
 // inProcessBackend is what a worker in this process talks to under ws:
 // the engine when ws is Embedded, else the server at spec.URL over HTTP.
 func inProcessBackend(ws WorkerStarter, spec WorkerSpec) (sluice.Backend, error) {
-	w, ok := ws.(inProcess)
-	if !ok {
-		w = inProcess{}
-	}
+	w, _ := ws.(inProcess) // any other starter: the zero value, over HTTP
 	return w.backend(spec)
 }
 
