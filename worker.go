@@ -248,7 +248,13 @@ type Worker struct {
 	log      *slog.Logger
 	handlers map[string]HandlerFunc
 	started  atomic.Bool
-	id       atomic.Pointer[string]
+	// inc is the current registration: id and lease evidence
+	// (worker_lease.go). Replaced when the worker registers again.
+	inc atomic.Pointer[incarnation]
+	// clock, when set (tests), replaces time.Now for lease decisions.
+	clock func() time.Time
+	// lossAfter is LeaseLossAfter as Run resolved it.
+	lossAfter time.Duration
 	// chainResults: the server takes a chain's results in one complete
 	// call (WorkerRegistration.ChainResults, read at each registration).
 	chainResults atomic.Bool
@@ -292,7 +298,6 @@ type Worker struct {
 	kinds   map[string]*kindRunner // built by Run; read-only after
 	// Monotonic clock offsets from epoch, set just before registering.
 	epoch  time.Time
-	hbOK   atomic.Int64 // send time of the last successful heartbeat
 	active atomic.Int64 // last claim with tasks or slot freed (MaxIdle only)
 
 	// ResultLinger: handlers of claimed tasks (taskRun.lingers) not yet
@@ -320,6 +325,7 @@ const (
 
 // taskRun is one claimed attempt.
 type taskRun struct {
+	inc     *incarnation // the registration whose call brought it
 	tc      TaskContext
 	timeout time.Duration
 	state   atomic.Int32
@@ -394,8 +400,8 @@ func (w *Worker) Register(kind string, h HandlerFunc) {
 // ID returns the id the server gave the worker, or "" before Run has
 // registered it.
 func (w *Worker) ID() string {
-	if p := w.id.Load(); p != nil {
-		return *p
+	if in := w.current(); in != nil {
+		return in.id
 	}
 	return ""
 }
@@ -455,12 +461,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Leases start no earlier than the registration request.
 	w.epoch = time.Now()
 	w.kindList = kinds
+	sent := w.now()
 	reg, err := w.b.RegisterWorker(ctx, w.registration())
 	if err != nil {
 		return fmt.Errorf("sluice: registering worker: %w", err)
 	}
 	id := reg.ID
-	w.id.Store(&id)
+	w.inc.Store(newIncarnation(id, sent))
 	w.chainResults.Store(reg.ChainResults)
 	w.log = w.log.With("worker_id", id)
 	lease, interval, lossAfter, err := w.cfg.workerTimings(reg)
@@ -472,6 +479,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("sluice: worker config: %w", err)
 	}
+	w.lossAfter = lossAfter
 	w.log.Info("worker registered", "name", w.cfg.Name, "kinds", kinds, "slots", w.cfg.Slots,
 		"claim_batch", w.cfg.ClaimBatch, "lease", lease, "heartbeat_interval", interval, "lease_loss_after", lossAfter,
 		"memory_high", w.cfg.MemoryHigh, "memory_source", memSource, "latency_high", w.cfg.LatencyHigh, "max_idle", w.cfg.MaxIdle)
@@ -629,9 +637,15 @@ func (w *Worker) collect(running bool) []int64 {
 }
 
 func (w *Worker) release(ctx context.Context, ids []int64) {
+	w.releaseAs(ctx, w.ID(), ids, false)
+}
+
+// releaseAs is release by the worker registered as id; quiet: a worker the
+// server does not know (it took the tasks back already) is no error.
+func (w *Worker) releaseAs(ctx context.Context, id string, ids []int64, quiet bool) {
 	for len(ids) > 0 {
 		n := min(len(ids), maxCompleteBatch)
-		if err := w.b.Release(ctx, w.ID(), ReleaseParams{TaskIDs: ids[:n]}); err != nil {
+		if err := w.b.Release(ctx, id, ReleaseParams{TaskIDs: ids[:n]}); err != nil && !(quiet && errors.Is(err, ErrNotFound)) {
 			// The server recovers them when their lease expires (S-W6),
 			// at the cost of an attempt.
 			w.log.Error("releasing tasks", "count", n, "err", err)
@@ -684,16 +698,17 @@ func (w *Worker) claimLoop(ctx context.Context) {
 		if n == 0 {
 			continue // a completion's claim took them meanwhile
 		}
-		id := w.ID()
+		in := w.current()
 		seq := w.seqs.begin()
-		res, err := w.b.Claim(ctx, id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait), Seq: seq})
+		sent := w.now()
+		res, err := w.b.Claim(ctx, in.id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait), Seq: seq})
 		if err != nil {
 			w.unreserve(n)
 			w.seqs.end(seq) // any tasks it claimed are lost with the answer
 			if ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, ErrNotFound) && w.reregister(ctx, id) {
+			if errors.Is(err, ErrNotFound) && w.reregister(ctx, in.id) {
 				continue
 			}
 			d := backoff/2 + rand.N(backoff/2+1)
@@ -703,28 +718,39 @@ func (w *Worker) claimLoop(ctx context.Context) {
 			continue
 		}
 		backoff = claimBackoffMin
+		if countRunNow(res.Tasks) > 0 {
+			// A claim transaction ran: it extended the lease. (A claim
+			// that found nothing may not have run one.)
+			in.extended(sent)
+		}
 		w.metrics.claimed(countRunNow(res.Tasks))
 		w.cancelTasks(res.Cancel, errServerCancel)
 		if len(res.Tasks) > 0 {
 			w.markActive()
 			// Tasks that arrive as Run's context ends are not started:
 			// the shutdown releases them.
-			w.start(res.Tasks, n, ctx.Err() == nil)
+			w.start(in, res.Tasks, n, ctx.Err() == nil)
 		}
 		w.unreserve(n)
 		w.seqs.end(seq) // its tasks are held now
 	}
 }
 
-// start takes slots for claimed tasks and runs them, each in its own
-// goroutine. Unless launch is set they are only recorded, for release.
+// start takes slots for tasks claimed by a call of in and runs them,
+// each in its own goroutine. Unless launch is set they are only
+// recorded, for release. Tasks that arrive when in's lease may have
+// expired (leaseHeld) are released at once, unstarted.
 //
 // Reserved successors (ClaimedTask.After != 0, handover) take no slot and
 // do not count against asked: each is held, unstarted, attached to the run
 // of task After, which starts it on its own slot the moment its handler
 // ends. One whose predecessor is not held here any more, or has ended
 // already (the answer came late), is released: the server queues it again.
-func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
+func (w *Worker) start(in *incarnation, tasks []ClaimedTask, asked int64, launch bool) {
+	if !w.leaseHeld(in) {
+		w.releaseStale(in, tasks, "claim answer")
+		return
+	}
 	var release []int64
 	var nRun int64
 	for i := range tasks {
@@ -758,6 +784,7 @@ func (w *Worker) start(tasks []ClaimedTask, asked int64, launch bool) {
 	for i := range tasks {
 		ct := &tasks[i]
 		tr := &runs[i]
+		tr.inc = in
 		tr.tc = TaskContext{ID: ct.ID, Kind: ct.Kind, Queue: ct.Queue, ConcurrencyKey: ct.ConcurrencyKey,
 			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input}
 		tr.timeout = ct.Timeout.D()
@@ -887,6 +914,12 @@ func (w *Worker) runSuccessor(tr *taskRun) {
 // execute runs the handler of tr (state running), then passes its slot to
 // its reserved successor, if any, or frees it, and queues its result.
 func (w *Worker) execute(tr *taskRun) {
+	if !w.leaseHeld(tr.inc) {
+		// The last check before the handler: the process may have
+		// been frozen since the task was claimed or handed its slot.
+		w.notStarted(tr)
+		return
+	}
 	kr := w.kinds[tr.tc.Kind]
 	if kr == nil {
 		kr = &kindRunner{m: w.metrics.forKind(tr.tc.Kind)}
@@ -988,6 +1021,7 @@ func (w *Worker) execute(tr *taskRun) {
 // along (dropChainLocked).
 func (w *Worker) handOver(tr *taskRun) *taskRun {
 	var release []int64
+	var releaseID string
 	w.mu.Lock()
 	next := tr.next
 	tr.ended = true
@@ -998,7 +1032,13 @@ func (w *Worker) handOver(tr *taskRun) *taskRun {
 		// every unstarted task (unless it got there first). Under
 		// backpressure too: the freed slot goes back through a claim,
 		// which backpressure paces.
-		release = w.dropChainLocked(tr, stReleased, errShutdown)
+		release, releaseID = w.dropChainLocked(tr, stReleased, errShutdown), next.inc.id
+		next = nil
+	case !w.leaseHeld(next.inc):
+		// The lease may have expired (the process was frozen, or
+		// heartbeats fail): the server may have given the successor to
+		// another worker already. Hand it back unstarted.
+		release, releaseID = w.dropChainLocked(tr, stReleased, errLeaseLost), next.inc.id
 		next = nil
 	case next.ctx.Err() != nil || tr.state.Load() == stLost:
 		// Cancelled by the server while reserved: it has ended there
@@ -1023,9 +1063,34 @@ func (w *Worker) handOver(tr *taskRun) *taskRun {
 	}
 	w.mu.Unlock()
 	if len(release) > 0 {
-		w.releaseNow(release)
+		ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
+		w.releaseAs(ctx, releaseID, release, true)
+		cancel()
 	}
 	return next
+}
+
+// notStarted gives up tr (running, its handler not called) because its
+// lease may have expired: it is released unstarted (the server may have
+// taken it back already) and its slot freed; whatever was reserved
+// behind it goes back with it on the server.
+func (w *Worker) notStarted(tr *taskRun) {
+	w.handlerReturned(tr)
+	if tr.state.CompareAndSwap(stRunning, stLost) {
+		tr.cancel(errLeaseLost)
+		w.mu.Lock()
+		if w.held[tr.tc.ID] == tr {
+			delete(w.held, tr.tc.ID)
+		}
+		w.mu.Unlock()
+		w.log.Warn("not starting a claimed task: the lease may have expired (was the process frozen?); released it",
+			"task_id", tr.tc.ID, "lease_age", tr.inc.age(w.now()).Round(time.Millisecond))
+		ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
+		w.releaseAs(ctx, tr.inc.id, []int64{tr.tc.ID}, true)
+		cancel()
+	}
+	w.endRun(tr)
+	w.freeSlot()
 }
 
 // holdSlot keeps tr's slot taken when tr ended with no successor while
@@ -1134,166 +1199,6 @@ func (w *Worker) cancelTasks(ids []int64, cause error) {
 		if tr := w.held[id]; tr != nil {
 			tr.cancel(cause)
 		}
-	}
-}
-
-// loseTasks stops held tasks whose lease is gone and forgets them: their
-// results are dropped. With ids nil, it loses every held task that has not
-// produced a result yet; results already produced are still sent, for the
-// server to accept or call stale. Otherwise it loses the runs of ids that
-// are still those in snapshot (held when the heartbeat that reported them
-// was sent).
-func (w *Worker) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	// The server takes back what it reserved behind a lost task too.
-	lose := func(id int64, tr *taskRun) int {
-		tr.state.Store(stLost)
-		tr.cancel(errLeaseLost)
-		delete(w.held, id)
-		return 1 + len(w.dropChainLocked(tr, stLost, errLeaseLost))
-	}
-	n := 0
-	if ids == nil {
-		for id, tr := range w.held {
-			if tr.state.CompareAndSwap(stClaimed, stLost) || tr.state.CompareAndSwap(stRunning, stLost) {
-				n += lose(id, tr)
-			}
-		}
-		return n
-	}
-	for _, id := range ids {
-		if tr := w.held[id]; tr != nil && tr == snapshot[id] {
-			n += lose(id, tr)
-		}
-	}
-	return n
-}
-
-// heartbeatLoop extends the leases of every held task and reports the
-// worker's capacity every interval until stop is closed (S-W4).
-func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interval, lossAfter time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	var heldIDs []int64
-	snapshot := map[int64]*taskRun{} // the runs heldIDs named
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		// Every claim numbered up to settled, but those pending, has been
-		// answered (its tasks are in held) or failed; read before the
-		// snapshot of held.
-		settled, pending := w.seqs.settled()
-		heldIDs = heldIDs[:0]
-		clear(snapshot)
-		w.mu.Lock()
-		for id, tr := range w.held {
-			heldIDs = append(heldIDs, id)
-			snapshot[id] = tr
-		}
-		w.mu.Unlock()
-		sent := w.since()
-		w.bp.sampleIfDue(time.Now())
-		p := HeartbeatParams{
-			Slots:           w.cfg.Slots,
-			FreeSlots:       int(w.free.Load()),
-			Held:            heldIDs,
-			MemoryUsedRatio: w.bp.memoryRatio(),
-			P99Latency:      Duration(w.bp.p99Latency()),
-			ClaimsSettled:   settled,
-			ClaimsPending:   pending,
-		}
-		// A late heartbeat still helps while leases last; a call cut short
-		// by a tight timeout costs the connection.
-		hctx, cancel := context.WithTimeout(ctx, lossAfter)
-		id := w.ID()
-		res, err := w.b.Heartbeat(hctx, id, p)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if errors.Is(err, ErrNotFound) && w.reregister(ctx, id) {
-				continue
-			}
-			w.log.Error("heartbeat failed", "err", err, "failing_for", (w.since() - time.Duration(w.hbOK.Load())).Round(time.Millisecond))
-			continue
-		}
-		// The server extended the leases no earlier than the send.
-		w.hbOK.Store(int64(sent))
-		if len(res.Lost) > 0 {
-			// Most are tasks whose results were acknowledged since the
-			// snapshot of held (already forgotten here): no news. Only
-			// the runs the snapshot named are lost: the server may have
-			// handed a task out here again since (a retry), and that
-			// later attempt is not what it reports lost.
-			if n := w.loseTasks(res.Lost, snapshot); n > 0 {
-				w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
-			}
-		}
-		w.cancelTasks(res.Cancel, errServerCancel)
-	}
-}
-
-// reregister handles a server that no longer knows the worker (its lease
-// expired while it could not heartbeat, e.g. a long pause or partition):
-// the server has already handed every task this worker held to the flow
-// again, so they are stopped here and their results dropped, and the
-// worker registers anew under a new id and carries on. It reports whether
-// the worker is registered again (also when another loop did it first).
-func (w *Worker) reregister(ctx context.Context, staleID string) bool {
-	w.regMu.Lock()
-	defer w.regMu.Unlock()
-	if w.ID() != staleID {
-		return true // done already
-	}
-	n := w.loseTasks(nil, nil)
-	reg, err := w.b.RegisterWorker(ctx, w.registration())
-	if err != nil {
-		w.log.Error("registering again after the server forgot this worker", "err", err)
-		return false
-	}
-	id := reg.ID
-	w.id.Store(&id)
-	w.chainResults.Store(reg.ChainResults)
-	w.hbOK.Store(int64(w.since()))
-	w.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
-		"stale_worker_id", staleID, "new_worker_id", id, "tasks_dropped", n)
-	return true
-}
-
-// leaseWatchdog stops every held task once no heartbeat has succeeded for
-// lossAfter (S-W5): the server will soon give those tasks to another
-// worker, so they must not also go on running here. It runs apart from the
-// heartbeat loop so that a heartbeat call hanging on a dead connection
-// cannot delay it. It keeps watching afterwards: tasks claimed later are
-// stopped in turn while heartbeats keep failing.
-func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAfter time.Duration) {
-	t := time.NewTimer(lossAfter)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		failing := w.since() - time.Duration(w.hbOK.Load())
-		if failing < lossAfter {
-			t.Reset(lossAfter - failing)
-			continue
-		}
-		if n := w.loseTasks(nil, nil); n > 0 {
-			w.log.Error("no heartbeat succeeded for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
-				"tasks", n, "failing_for", failing.Round(time.Millisecond), "lease_loss_after", lossAfter)
-		}
-		t.Reset(lossAfter)
 	}
 }
 
@@ -1472,6 +1377,7 @@ func (w *Worker) completeCall(ctx, runCtx context.Context, sent []*taskRun) bool
 	}
 	var res *CompleteResult
 	var asked, seq int64
+	var in *incarnation
 	if len(params) > 0 {
 		asked = w.piggyback(runCtx)
 		// A result that hands over may come back with a reserved
@@ -1481,11 +1387,15 @@ func (w *Worker) completeCall(ctx, runCtx context.Context, sent []*taskRun) bool
 			seq = w.seqs.begin()
 		}
 		var ok bool
-		res, seq, ok = w.send(ctx, params, asked, seq)
+		var sentAt time.Time
+		res, seq, in, sentAt, ok = w.send(ctx, params, asked, seq)
 		if !ok {
 			w.unreserve(asked)
 			w.seqs.end(seq)
 			return false
+		}
+		if countRunNow(res.Tasks) > 0 {
+			in.extended(sentAt) // the call claimed: it extended the lease
 		}
 		w.settleHandovers(sent, res.Results)
 	}
@@ -1497,7 +1407,7 @@ func (w *Worker) completeCall(ctx, runCtx context.Context, sent []*taskRun) bool
 		}
 		w.markActive()
 		if runCtx.Err() == nil && !w.stopping.Load() {
-			w.start(claimed, asked, true)
+			w.start(in, claimed, asked, true)
 		} else {
 			// Claiming has stopped: hand them back at once.
 			w.startReleased(ctx, claimed)
@@ -1623,28 +1533,30 @@ func (w *Worker) topUp(batch []*taskRun) []*taskRun {
 }
 
 // send calls Complete until it succeeds, backing off between tries, and
-// returns its answer and the number of the call that succeeded (claim > 0
-// or a handover in params: numbered seq, else 0). It gives up only when ctx ends
+// returns its answer, the number of the call that succeeded (claim > 0
+// or a handover in params: numbered seq, else 0), and the registration it
+// was made under and when it was sent. It gives up only when ctx ends
 // (the shutdown's cleanup deadline).
-func (w *Worker) send(ctx context.Context, params []TaskResult, claim, seq int64) (*CompleteResult, int64, bool) {
+func (w *Worker) send(ctx context.Context, params []TaskResult, claim, seq int64) (*CompleteResult, int64, *incarnation, time.Time, bool) {
 	backoff := claimBackoffMin
 	numbered := false
 	for i := range params {
 		numbered = numbered || params[i].Next != 0
 	}
 	for {
-		res, err := w.b.Complete(ctx, w.ID(), CompleteParams{Results: params, Claim: int(claim), ClaimSeq: seq})
+		in, sent := w.current(), w.now()
+		res, err := w.b.Complete(ctx, in.id, CompleteParams{Results: params, Claim: int(claim), ClaimSeq: seq})
 		if err == nil {
 			for _, a := range res.Results {
 				if a.Status != "ok" {
 					w.log.Debug("result dropped by server", "task_id", a.TaskID, "status", a.Status)
 				}
 			}
-			return res, seq, true
+			return res, seq, in, sent, true
 		}
 		if ctx.Err() != nil {
 			w.log.Error("dropping unsent results at shutdown", "count", len(params), "err", err)
-			return nil, seq, false
+			return nil, seq, nil, time.Time{}, false
 		}
 		// The failed call may have claimed tasks whose answer was lost
 		// (settled now: the next heartbeat has the server release them);

@@ -1,0 +1,274 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Leases, from the worker's side.
+//
+// The server leases a worker's tasks for as long as the worker's lease
+// lasts; every call that reaches it extends the lease from the moment
+// the server handles it, which is no earlier than the moment the worker
+// sent it. So the worker knows a lower bound of its lease: the send time
+// of the latest call that extended it (a heartbeat, a claim, a complete
+// call that claimed), plus the lease. It never starts a handler, nor
+// lets one go on running, past LeaseLossAfter (a margin short of the
+// lease) from that send time, by its own clock: past it the server may
+// have swept the worker and handed its tasks to others. A process frozen
+// longer than that (a long GC pause, SIGSTOP, a suspended VM or laptop)
+// finds on waking that its evidence is stale, and the watchdog stops
+// every task it holds; a claim answer read after waking is released
+// unstarted; nothing starts again until a call made after waking
+// succeeds (or, if the server forgot the worker meanwhile, until it has
+// registered again, and never a task of the earlier registration).
+//
+// What is left is the at-least-once boundary: a handler already past
+// its last check when the process froze (its side effect on its way)
+// completes that side effect on waking. docs/operations.md has the
+// numbers.
+
+// incarnation is one registration of the worker with the server: the id
+// it was given and the evidence of its lease. A task is started only
+// under the incarnation that claimed it.
+type incarnation struct {
+	id string
+
+	mu sync.Mutex
+	ok time.Time // send time of the latest call that extended the lease
+}
+
+func newIncarnation(id string, sent time.Time) *incarnation {
+	return &incarnation{id: id, ok: sent}
+}
+
+// extended records that a call sent at sent extended the lease.
+func (in *incarnation) extended(sent time.Time) {
+	in.mu.Lock()
+	if elapsed(in.ok, sent) > 0 {
+		in.ok = sent
+	}
+	in.mu.Unlock()
+}
+
+// age is how long ago, at now, the latest call that extended the lease
+// was sent.
+func (in *incarnation) age(now time.Time) time.Duration {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return elapsed(in.ok, now)
+}
+
+// elapsed is the time from a to b by whichever of the monotonic and the
+// wall clock says more. The monotonic clock does not count a suspend of
+// the whole machine on Linux or macOS, and the wall clock may be stepped
+// by NTP; a lease is judged lost on the larger reading, so a worker that
+// slept through its lease never believes it still holds it. (A wall
+// clock stepped forward makes it give up tasks it still had: the safe
+// side.)
+func elapsed(a, b time.Time) time.Duration {
+	d := b.Sub(a) // monotonic when both readings carry it
+	if wd := b.Round(0).Sub(a.Round(0)); wd > d {
+		d = wd
+	}
+	return d
+}
+
+// now reads the worker's clock (WorkerConfig has none to set: tests set
+// Worker.clock).
+func (w *Worker) now() time.Time {
+	if w.clock != nil {
+		return w.clock()
+	}
+	return time.Now()
+}
+
+// current is the worker's incarnation (nil before Run registers it).
+func (w *Worker) current() *incarnation { return w.inc.Load() }
+
+// leaseHeld reports whether tasks claimed under in may start or go on
+// running now: in is still the worker's incarnation, and a call that
+// extended its lease was sent less than LeaseLossAfter ago.
+func (w *Worker) leaseHeld(in *incarnation) bool {
+	return in != nil && in == w.current() && in.age(w.now()) < w.lossAfter
+}
+
+// loseTasks stops held tasks whose lease is gone and forgets them: their
+// results are dropped. With ids nil, it loses every held task that has not
+// produced a result yet; results already produced are still sent, for the
+// server to accept or call stale. Otherwise it loses the runs of ids that
+// are still those in snapshot (held when the heartbeat that reported them
+// was sent).
+func (w *Worker) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// The server takes back what it reserved behind a lost task too.
+	lose := func(id int64, tr *taskRun) int {
+		tr.state.Store(stLost)
+		tr.cancel(errLeaseLost)
+		delete(w.held, id)
+		return 1 + len(w.dropChainLocked(tr, stLost, errLeaseLost))
+	}
+	n := 0
+	if ids == nil {
+		for id, tr := range w.held {
+			if tr.state.CompareAndSwap(stClaimed, stLost) || tr.state.CompareAndSwap(stRunning, stLost) {
+				n += lose(id, tr)
+			}
+		}
+		return n
+	}
+	for _, id := range ids {
+		if tr := w.held[id]; tr != nil && tr == snapshot[id] {
+			n += lose(id, tr)
+		}
+	}
+	return n
+}
+
+// heartbeatLoop extends the leases of every held task and reports the
+// worker's capacity every interval until stop is closed (S-W4).
+func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interval, lossAfter time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var heldIDs []int64
+	snapshot := map[int64]*taskRun{} // the runs heldIDs named
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Every claim numbered up to settled, but those pending, has been
+		// answered (its tasks are in held) or failed; read before the
+		// snapshot of held.
+		settled, pending := w.seqs.settled()
+		heldIDs = heldIDs[:0]
+		clear(snapshot)
+		w.mu.Lock()
+		for id, tr := range w.held {
+			heldIDs = append(heldIDs, id)
+			snapshot[id] = tr
+		}
+		w.mu.Unlock()
+		w.bp.sampleIfDue(time.Now())
+		p := HeartbeatParams{
+			Slots:           w.cfg.Slots,
+			FreeSlots:       int(w.free.Load()),
+			Held:            heldIDs,
+			MemoryUsedRatio: w.bp.memoryRatio(),
+			P99Latency:      Duration(w.bp.p99Latency()),
+			ClaimsSettled:   settled,
+			ClaimsPending:   pending,
+		}
+		// A late heartbeat still helps while leases last; a call cut short
+		// by a tight timeout costs the connection.
+		hctx, cancel := context.WithTimeout(ctx, lossAfter)
+		in := w.current()
+		sent := w.now()
+		res, err := w.b.Heartbeat(hctx, in.id, p)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrNotFound) && w.reregister(ctx, in.id) {
+				continue
+			}
+			w.log.Error("heartbeat failed", "err", err, "failing_for", in.age(w.now()).Round(time.Millisecond))
+			continue
+		}
+		// The server extended the lease no earlier than the send.
+		in.extended(sent)
+		if len(res.Lost) > 0 {
+			// Most are tasks whose results were acknowledged since the
+			// snapshot of held (already forgotten here): no news. Only
+			// the runs the snapshot named are lost: the server may have
+			// handed a task out here again since (a retry), and that
+			// later attempt is not what it reports lost.
+			if n := w.loseTasks(res.Lost, snapshot); n > 0 {
+				w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
+			}
+		}
+		w.cancelTasks(res.Cancel, errServerCancel)
+	}
+}
+
+// reregister handles a server that no longer knows the worker (its lease
+// expired while it could not heartbeat, e.g. a long pause or partition):
+// the server has already handed every task this worker held to the flow
+// again, so they are stopped here and their results dropped, and the
+// worker registers anew under a new id and carries on; what a call of
+// the old registration brings back later is never started. It reports
+// whether the worker is registered again (also when another loop did it
+// first).
+func (w *Worker) reregister(ctx context.Context, staleID string) bool {
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	if w.ID() != staleID {
+		return true // done already
+	}
+	n := w.loseTasks(nil, nil)
+	sent := w.now()
+	reg, err := w.b.RegisterWorker(ctx, w.registration())
+	if err != nil {
+		w.log.Error("registering again after the server forgot this worker", "err", err)
+		return false
+	}
+	w.chainResults.Store(reg.ChainResults)
+	w.inc.Store(newIncarnation(reg.ID, sent))
+	w.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
+		"stale_worker_id", staleID, "new_worker_id", reg.ID, "tasks_dropped", n)
+	return true
+}
+
+// leaseWatchdog stops every held task once no call has extended the
+// lease for lossAfter (S-W5): the server will soon give those tasks to
+// another worker, so they must not also go on running here. It runs
+// apart from the heartbeat loop so that a heartbeat call hanging on a
+// dead connection cannot delay it, and it is what a process waking from
+// a pause longer than lossAfter runs first: its timer is overdue. It
+// keeps watching afterwards: tasks claimed later are stopped in turn
+// while heartbeats keep failing.
+func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAfter time.Duration) {
+	t := time.NewTimer(lossAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		failing := w.current().age(w.now())
+		if failing < lossAfter {
+			t.Reset(lossAfter - failing)
+			continue
+		}
+		if n := w.loseTasks(nil, nil); n > 0 {
+			w.log.Error("no call extended the lease for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
+				"tasks", n, "failing_for", failing.Round(time.Millisecond), "lease_loss_after", lossAfter)
+		}
+		t.Reset(lossAfter)
+	}
+}
+
+// releaseStale hands back, unstarted, tasks that a call of in brought
+// back too late to start (leaseHeld false). The server may have taken
+// them back already (it swept the worker): then the call fails, quietly.
+func (w *Worker) releaseStale(in *incarnation, tasks []ClaimedTask, why string) {
+	ids := make([]int64, len(tasks))
+	for i, t := range tasks {
+		ids[i] = t.ID
+	}
+	w.log.Warn("claimed tasks arrived after the lease may have expired; released them unstarted",
+		"count", len(ids), "why", why, "lease_age", in.age(w.now()).Round(time.Millisecond))
+	ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
+	defer cancel()
+	w.releaseAs(ctx, in.id, ids, true)
+}
