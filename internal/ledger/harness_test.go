@@ -172,8 +172,11 @@ type crashable struct {
 	crashedAt time.Time     // set before darkCh is closed
 	heal      chan struct{}
 
-	mu    sync.Mutex
-	fatal []int64 // tasks of the claim that preceded the crash
+	mu sync.Mutex
+	// fatal: the tasks to run now of the claim that preceded the crash
+	// (not the reserved successors it brought, which the server never
+	// sees start: they go back to the wait list uncharged).
+	fatal []int64
 }
 
 func newCrashable(b sluice.Backend, crashNow func() bool) *crashable {
@@ -200,7 +203,9 @@ func (c *crashable) Claim(ctx context.Context, id string, p sluice.ClaimParams) 
 	if err == nil && len(res.Tasks) > 0 && !c.dark.Load() && c.crashNow() {
 		c.mu.Lock()
 		for _, t := range res.Tasks {
-			c.fatal = append(c.fatal, t.ID)
+			if t.After == 0 {
+				c.fatal = append(c.fatal, t.ID)
+			}
 		}
 		c.mu.Unlock()
 		c.crashedAt = time.Now()

@@ -2,7 +2,8 @@
 // (S-FC1) from the outside: handlers record every start and finish, and the
 // ledger asserts at each start that no (queue, key) sub-queue, no
 // environment and no worker runs more tasks than its limit, that no task
-// runs twice at once and that no attempt is started twice.
+// runs twice at once and that no attempt is started twice (but for the
+// reruns a test allows, see AllowRerun).
 //
 // A handler's start comes after its task's claim and its finish before its
 // result is reported, so the interval the ledger sees lies inside the
@@ -89,7 +90,13 @@ type Ledger struct {
 	peakWorker map[string]int
 	finished   int
 	violations []string
+	rerunOK    map[string]bool // AllowRerun
+	reruns     []Rerun
 }
+
+// Rerun is an attempt started again after its start on a worker given to
+// AllowRerun had finished.
+type Rerun struct{ First, Again Event }
 
 // New returns an empty ledger that checks lim.
 func New(lim Limits) *Ledger {
@@ -115,12 +122,17 @@ func (l *Ledger) Start(worker string, t *sluice.TaskContext) (finish func(err er
 		Worker: worker, Attempt: t.Attempt, At: time.Now()}
 	l.events = append(l.events, ev)
 
-	if prev, ok := l.live[t.ID]; ok {
-		l.violate(ev, "task %d attempt %d started on %s while attempt %d still runs on %s", t.ID, t.Attempt, worker, prev.Attempt, prev.Worker)
+	running, isLive := l.live[t.ID]
+	if isLive {
+		l.violate(ev, "task %d attempt %d started on %s while attempt %d still runs on %s", t.ID, t.Attempt, worker, running.Attempt, running.Worker)
 	}
 	a := Attempt{t.ID, t.Attempt}
 	if prev, ok := l.started[a]; ok {
-		l.violate(ev, "task %d attempt %d started twice (on %s at #%d, again on %s)", t.ID, t.Attempt, prev.Worker, prev.Seq, worker)
+		if l.rerunOK[prev.Worker] && !(isLive && running.Seq == prev.Seq) {
+			l.reruns = append(l.reruns, Rerun{First: prev, Again: ev})
+		} else {
+			l.violate(ev, "task %d attempt %d started twice (on %s at #%d, again on %s)", t.ID, t.Attempt, prev.Worker, prev.Seq, worker)
+		}
 	}
 	l.started[a] = ev
 	l.live[t.ID] = ev
@@ -173,6 +185,31 @@ func (l *Ledger) finish(start Event, err error) {
 // violate records a broken invariant; the caller holds l.mu.
 func (l *Ledger) violate(ev Event, format string, args ...any) {
 	l.violations = append(l.violations, fmt.Sprintf("#%d %s: ", ev.Seq, ev.At.Format("15:04:05.000000"))+fmt.Sprintf(format, args...))
+}
+
+// AllowRerun lets an attempt whose start on worker has finished start
+// again, on any worker, without a violation; Reruns lists each. It is for
+// a worker that crashes while it holds reserved successors (handover): a
+// successor it started on a slot without the server hearing of it (the
+// result that named it never arrived) was still reserved for it, not
+// running, so the lease sweep returns it to the wait list uncharged and
+// another worker runs it again under the same attempt number (the
+// trade-off store.Handover states). Call it before the first Start.
+func (l *Ledger) AllowRerun(worker string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rerunOK == nil {
+		l.rerunOK = map[string]bool{}
+	}
+	l.rerunOK[worker] = true
+}
+
+// Reruns returns the attempts started again that AllowRerun let pass, in
+// order.
+func (l *Ledger) Reruns() []Rerun {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.reruns)
 }
 
 // Violations returns every broken invariant seen, in order.

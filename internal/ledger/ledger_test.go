@@ -101,6 +101,11 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 		lim.Worker[s.name] = s.slots
 	}
 	l := ledger.New(lim)
+	if handover {
+		// A successor the doomed worker started on a slot unreported
+		// runs again under the same attempt number (store.Handover).
+		l.AllowRerun("doomed")
+	}
 
 	var doomed *crashable
 	handler := func(worker string, crashed func() bool) sluice.HandlerFunc {
@@ -409,7 +414,20 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 		}
 	}
 	// Every handler start is an attempt the API shows: nothing ran that
-	// the server does not know of.
+	// the server does not know of, but for the successors the doomed
+	// worker started on its slots (handover) in its last round trip,
+	// which the server never saw start: each ran again on another worker
+	// under the same attempt number, the one the server recorded.
+	reruns := l.Reruns()
+	for _, r := range reruns {
+		require.Equal(t, "doomed", r.First.Worker, "task %d attempt %d", r.Again.TaskID, r.Again.Attempt)
+		task := final[r.Again.TaskID]
+		require.GreaterOrEqual(t, len(task.Attempts), r.Again.Attempt, "task %d", r.Again.TaskID)
+		require.Equal(t, ids[r.Again.Worker], task.Attempts[r.Again.Attempt-1].WorkerID, "task %d attempt %d: the recorded run", r.Again.TaskID, r.Again.Attempt)
+	}
+	if len(reruns) > 0 {
+		t.Logf("%d successors the crashed worker started unreported ran again under the same attempt number", len(reruns))
+	}
 	require.Equal(t, len(starts), seenAttempts, "handler starts vs recorded attempts")
 
 	t.Logf("checked every task's attempts at %s", time.Since(start).Round(time.Millisecond))

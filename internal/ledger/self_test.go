@@ -50,6 +50,37 @@ func TestLedgerCatchesViolations(t *testing.T) {
 	require.Equal(t, 4, p.Worker["w"])
 	require.Equal(t, 6, l.Running())
 	require.Equal(t, 3, l.Finished())
+	require.Empty(t, l.Reruns())
+}
+
+// An attempt first started on a worker given to AllowRerun may start
+// again once that start finished; anywhere else, or while it still runs,
+// it is a violation.
+func TestLedgerAllowRerun(t *testing.T) {
+	t.Parallel()
+	tc := func(id int64, attempt int) *sluice.TaskContext {
+		return &sluice.TaskContext{ID: id, Attempt: attempt, Queue: "q"}
+	}
+	l := ledger.New(ledger.Limits{})
+	l.AllowRerun("crashed")
+	l.Start("crashed", tc(1, 1))(nil)
+	l.Start("live", tc(1, 1))(nil)
+	require.Empty(t, l.Violations())
+	rr := l.Reruns()
+	require.Len(t, rr, 1)
+	require.Equal(t, "crashed", rr[0].First.Worker)
+	require.Equal(t, "live", rr[0].Again.Worker)
+	require.Equal(t, 1, rr[0].Again.Attempt)
+
+	l.Start("live", tc(2, 1))(nil)
+	l.Start("crashed", tc(2, 1))(nil)
+	require.Len(t, l.Violations(), 1, "first started on a worker not allowed")
+	require.Contains(t, l.Violations()[0], "task 2 attempt 1 started twice")
+
+	l.Start("crashed", tc(3, 1))
+	l.Start("live", tc(3, 1))
+	require.Len(t, l.Violations(), 3, "still running on the crashed worker")
+	require.Len(t, l.Reruns(), 1)
 }
 
 func TestOverlap(t *testing.T) {

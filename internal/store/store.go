@@ -138,10 +138,15 @@ func (s *DepthSetting) Get() int {
 //     task itself returns it to queued too, its attempt not counted, with
 //     the task reserved after it; so does CancelTask of a reserved task
 //     for the task reserved after it.
-//   - A gone worker (lease expired, deregistered) may have started its
-//     reserved tasks without reporting it: each is ended like its running
-//     tasks, as a counted attempt (started and finished at the sweep), so
-//     a re-run never repeats an attempt number.
+//   - A gone worker (lease expired, deregistered): its running tasks end
+//     as counted attempts, and its reserved tasks (whole chains) go back
+//     to queued by the Release rule, in the same transaction, their
+//     attempts not counted and no attempt recorded (attempt unchanged),
+//     as when their predecessor times out: the server never saw them
+//     start. The trade-off: a successor its worker started on its
+//     predecessor's slot in the last round trip before it died (the
+//     report never came) runs again, under the same attempt number, its
+//     first run not charged.
 //   - PutQueue with Handover off returns the queue's reserved tasks to
 //     queued (a successor its worker started at that instant is then
 //     answered "lost").

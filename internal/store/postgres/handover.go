@@ -27,7 +27,8 @@ import (
 //   - Reads that end attempts (runningSelect) carry each task's reserved
 //     successors, so a timeout, a failure or a release returns them to
 //     the wait list with no read of its own (unreserveAfter). A gone
-//     worker's reserved tasks are ended as started attempts instead
+//     worker's reserved tasks go back the same way, their attempts not
+//     counted, read with its running tasks in one round trip
 //     (dropWorkers).
 //   - The reserve statement checks in SQL that it reserved as many tasks
 //     as the counters said (division by zero otherwise, like promoteSQL),
@@ -295,8 +296,7 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 
 // take1 gives a slot of sq (and of the environment) to a task starting on
 // a slot no refill saw free: a successor taking the slots its predecessor
-// released (handOver), or a gone worker's reserved task ended as a
-// started attempt (dropWorkers). Unlike take, nothing becomes ready.
+// released (handOver). Unlike take, nothing becomes ready.
 func (t *txn) take1(sq *sqRow) {
 	sq.running++
 	t.env.running++

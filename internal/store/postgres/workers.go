@@ -898,38 +898,26 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 // the flow at once (no backoff), counted as an attempt. One round trip for
 // all the workers.
 //
-// Their reserved tasks (handover) may have started on their predecessors'
-// slots without the workers reporting it: they are ended the same way, as
-// a counted attempt started now (store.Handover), so a re-run never
-// repeats an attempt number. The same round trip makes them running first
-// (then read with the running tasks); each takes a slot here that ending
-// its attempt gives back.
+// Their reserved tasks (handover), and the chains behind them, go back to
+// the wait list with their attempts not counted, as when their
+// predecessor times out (store.Handover): the server never saw them
+// start. One its worker started on its predecessor's slot in the last
+// round trip before it died runs again, under the same attempt number.
+// They are read with the running tasks, in the same round trip, and
+// moved (and counted) once: ending a running task returns its chain too
+// (unreserveAfter), which unreserve skips as already moved.
 func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
 	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
-	wasReserved := map[int64]bool{}
-	t.queueQuery("dropping workers", `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = $2, timeout_at = NULL, after_id = NULL
-		WHERE state = 'reserved' AND worker_id = ANY($1) RETURNING id`, []any{workerIDs, t.now}, func(rows pgx.Rows) error {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		wasReserved[id] = true
-		return nil
-	})
+	var reserved []reservedTask
+	t.queueReserved("dropping workers", `r.worker_id = ANY($1)`, []any{workerIDs}, &reserved)
 	var held []*runningTask
 	t.queueRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, []any{workerIDs}, &held)
 	if err := t.send(); err != nil {
 		return err
 	}
+	t.unreserve(reserved)
 	for _, rt := range held {
-		if wasReserved[rt.id] {
-			delete(wasReserved, rt.id)
-			t.take1(rt.sq)
-		}
 		t.endAttempt(rt, outcome{err: reason(rt.workerID), retryAfter: -1})
-	}
-	if len(wasReserved) > 0 {
-		return fmt.Errorf("dropping workers: %d reserved tasks not found running", len(wasReserved))
 	}
 	return nil
 }

@@ -631,18 +631,3 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, handedO
 	}
 	return out, nil
 }
-
-// startReserved treats the tasks reserved for a gone worker as started:
-// each may have begun on its predecessor's slot before the worker died
-// (the report never came), so it ends like a running task, its attempt
-// counted, rather than run again under the same attempt number. They
-// become running here, taking a slot each, and dropWorker ends them with
-// the worker's running tasks, giving the slots back.
-func (t *txn) startReserved(workerID string) error {
-	return t.moveReserved(`UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?, timeout_at = NULL, after_id = NULL
-		WHERE state = 'reserved' AND worker_id = ? RETURNING sq, state`, []any{t.now, workerID}, func(sq *sqRow, _ sluice.TaskState) {
-		sq.running++
-		t.env.running++
-		t.env.dirty = true
-	})
-}

@@ -543,11 +543,19 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 
 // dropWorker ends the attempts a gone worker still holds; each goes back
 // to the flow at once (no backoff), counted as an attempt.
+//
+// Its reserved tasks (handover) go back to the wait list first, their
+// attempts not counted, as when their predecessor times out: the server
+// never saw them start. One its worker started on its predecessor's slot
+// in the last round trip before it died runs again, under the same
+// attempt number (store.Handover). Ending the running tasks then finds
+// no chain reserved after them (releaseAfter moves only reserved tasks),
+// so nothing is counted twice.
 func (t *txn) dropWorker(workerID, reason string) error {
 	if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
 		return err
 	}
-	if err := t.startReserved(workerID); err != nil {
+	if err := t.releaseReserved(`worker_id = ?`, workerID); err != nil {
 		return err
 	}
 	rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)

@@ -253,12 +253,16 @@ func testHandoverReleases(t *testing.T, ns NewStore) {
 	require.Equal(t, 1, n)
 	require.Equal(t, sluice.StateReady, h.state(p.ID))
 	require.Equal(t, sluice.StateQueued, h.state(s.ID))
-	// The successor may have started before the worker died: its attempt
-	// is counted, so a re-run never repeats an attempt number.
-	got := h.get(p.ID)
-	require.Equal(t, 2, got.Attempt)
-	require.Len(t, got.Attempts, 2)
-	require.Contains(t, got.Attempts[1].Error, "lease expired")
+	// The running task's attempt is counted; the reserved retry, which
+	// the server never saw start, goes back uncharged.
+	got := h.get(s.ID)
+	require.Equal(t, 1, got.Attempt)
+	require.Len(t, got.Attempts, 1)
+	require.Contains(t, got.Attempts[0].Error, "lease expired")
+	got = h.get(p.ID)
+	require.Equal(t, 1, got.Attempt)
+	require.Len(t, got.Attempts, 1)
+	require.Equal(t, "boom", got.Attempts[0].Error)
 	h.counters()
 	// Its late report is stale, and so is the hand-over.
 	acks, _ = h.completeNext("w", withNext(ok(asRunning(s)), p.ID))
@@ -354,7 +358,8 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateReady, h.state(run[0].ID))
 	require.Equal(t, sluice.StateQueued, h.state(next[run[0].ID].ID))
-	require.Equal(t, 1, h.get(next[run[0].ID].ID).Attempt, "may have started: counted")
+	require.Zero(t, h.get(next[run[0].ID].ID).Attempt, "never started for the server: not counted")
+	require.Empty(t, h.get(next[run[0].ID].ID).Attempts)
 	h.counters()
 
 	// The running task times out while its worker, which may already run

@@ -191,9 +191,9 @@ func testHandoverChainReleases(t *testing.T, ns NewStore) {
 	require.Equal(t, "lost", acks[0].Next)
 	h.counters()
 
-	// The worker dies: its running task goes back, and both reserved
-	// tasks, which it may have started unreported, end as counted
-	// attempts.
+	// The worker dies: its running task goes back as a counted attempt,
+	// and both reserved tasks, which the server never saw start, go back
+	// to the wait list uncharged.
 	p, chain = h.claimChain()
 	require.Len(t, chain, 2)
 	h.tick(31 * time.Second)
@@ -201,10 +201,13 @@ func testHandoverChainReleases(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, sluice.StateReady, h.state(p.ID))
+	require.Len(t, h.get(p.ID).Attempts, 1)
+	h.notReserved(ids(chain)...)
 	for _, c := range chain {
 		got := h.get(c.ID)
-		require.NotEqual(t, sluice.StateReserved, got.State)
-		require.Len(t, got.Attempts, 1, "task %d: its possible start is counted", c.ID)
+		require.Equal(t, sluice.StateQueued, got.State, "task %d", c.ID)
+		require.Zero(t, got.Attempt, "task %d", c.ID)
+		require.Empty(t, got.Attempts, "task %d: not charged", c.ID)
 	}
 	h.counters()
 	require.Len(t, tasks, 9)
@@ -366,6 +369,145 @@ func testHandoverChainOneBatchRetried(t *testing.T, ns NewStore) {
 	for _, id := range []int64{tasks[0].ID, tasks[1].ID, tasks[2].ID} {
 		require.Equal(t, sluice.StateSucceeded, h.state(id), "task %d", id)
 		require.Len(t, h.get(id).Attempts, 1, "task %d", id)
+	}
+	h.counters()
+}
+
+// A gone worker's reserved tasks were never started as far as the server
+// knows: they go back to the wait list (paused, if their queue is), with
+// no attempt charged and none recorded, as after a timeout of their
+// predecessor, while its running task ends as a counted attempt. With
+// max_attempts 1 they still run, once, on another worker. Another
+// worker's chain is left alone.
+func testHandoverChainLeaseExpired(t *testing.T, ns NewStore) {
+	goneWorkerChain(t, ns, false, func(h *h) {
+		// The other worker's lease is renewed past the sweep.
+		h.tick(31 * time.Second)
+		_, _, _, err := h.st.Heartbeat(h.ctx, "live", sluice.HeartbeatParams{}, 30*time.Second)
+		require.NoError(h.t, err)
+		n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
+		require.NoError(h.t, err)
+		require.Equal(h.t, 1, n, "only w's lease expired")
+	}, "lease expired")
+}
+
+func testHandoverChainDeregistered(t *testing.T, ns NewStore) {
+	goneWorkerChain(t, ns, false, func(h *h) {
+		_, err := h.st.DeregisterWorker(h.ctx, "w", noBackoff)
+		require.NoError(h.t, err)
+	}, store.DeregisteredReason)
+}
+
+// The same with the queue paused while the chain waits: the reserved
+// tasks go to paused (from queued), and resume returns them.
+func testHandoverChainGonePaused(t *testing.T, ns NewStore) {
+	goneWorkerChain(t, ns, true, func(h *h) {
+		h.tick(31 * time.Second)
+		_, _, _, err := h.st.Heartbeat(h.ctx, "live", sluice.HeartbeatParams{}, 30*time.Second)
+		require.NoError(h.t, err)
+		_, _, err = h.st.SweepExpired(h.ctx, 100, noBackoff)
+		require.NoError(h.t, err)
+	}, "lease expired")
+}
+
+// goneWorkerChain has worker w claim P with S1 → S2 reserved behind it
+// (depth 2, queue limit 1, max_attempts 1), makes w go (gone), checks
+// what became of the chain, and runs S1 and S2 on another worker.
+func goneWorkerChain(t *testing.T, ns NewStore, paused bool, gone func(h *h), reason string) {
+	h := newH(t, ns)
+	h.handoverQueue("q", 1)
+	nt := store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 1}
+	tasks := h.enqueue(nt, nt, nt)
+	h.handoverWorker("w", 10, "k")
+	p, chain := h.claimChain()
+	require.Equal(t, tasks[0].ID, p.ID)
+	require.Equal(t, []int64{tasks[1].ID, tasks[2].ID}, ids(chain))
+	s1, s2 := chain[0], chain[1]
+
+	// Another worker's chain, in another queue, which w's end leaves.
+	h.handoverQueue("o", 1)
+	other := h.enqueue(store.NewTask{Kind: "ko", Queue: "o"}, store.NewTask{Kind: "ko", Queue: "o"})
+	h.handoverWorker("live", 10, "ko")
+	run, next := SplitReserved(h.claim("live", 10))
+	require.Equal(t, []int64{other[0].ID}, ids(run))
+	require.Equal(t, other[1].ID, next[other[0].ID].ID)
+	if paused {
+		_, _, err := h.st.SetQueuePaused(h.ctx, "q", true)
+		require.NoError(t, err)
+		require.Equal(t, sluice.StateReserved, h.state(s1.ID), "a pause leaves reserved tasks")
+	}
+	h.counters()
+
+	h.tick(time.Second)
+	gone(h)
+	// P ran: its attempt is counted, and with max_attempts 1 it fails.
+	got := h.get(p.ID)
+	require.Equal(t, sluice.StateFailed, got.State)
+	require.Len(t, got.Attempts, 1)
+	require.Contains(t, got.Attempts[0].Error, reason)
+	// S1 and S2 never started for the server: back in line, uncharged.
+	for _, c := range chain {
+		got := h.get(c.ID)
+		require.Zero(t, got.Attempt, "task %d: no attempt charged", c.ID)
+		require.Empty(t, got.Attempts, "task %d: no attempt recorded", c.ID)
+		require.Empty(t, got.Error, "task %d", c.ID)
+	}
+	h.notReserved(s1.ID, s2.ID)
+	if paused {
+		for _, c := range chain {
+			got := h.get(c.ID)
+			require.Equal(t, sluice.StatePaused, got.State, "task %d", c.ID)
+			require.Equal(t, sluice.StateQueued, got.PausedFrom, "task %d", c.ID)
+		}
+	} else {
+		// The head of the wait list took the slot P freed.
+		require.Equal(t, sluice.StateReady, h.state(s1.ID))
+		require.Equal(t, sluice.StateQueued, h.state(s2.ID))
+	}
+	// The other worker's chain is untouched.
+	require.Equal(t, sluice.StateRunning, h.state(other[0].ID))
+	require.Equal(t, sluice.StateReserved, h.state(other[1].ID))
+	require.Equal(t, "live", h.get(other[1].ID).WorkerID)
+	h.counters()
+
+	// w's late report hands over to nothing.
+	acks, more := h.completeNext("w", withNext(ok(p), s1.ID))
+	require.Equal(t, "stale", acks[0].Status)
+	require.NotEqual(t, "started", acks[0].Next)
+	require.Empty(t, more)
+	require.Equal(t, sluice.StateFailed, h.state(p.ID))
+	h.counters()
+
+	if paused {
+		_, _, err := h.st.SetQueuePaused(h.ctx, "q", false)
+		require.NoError(t, err)
+		require.Equal(t, sluice.StateReady, h.state(s1.ID), "first in line again")
+		require.Equal(t, sluice.StateQueued, h.state(s2.ID))
+		h.counters()
+	}
+
+	// They run as first attempts on another worker: S1 claimed with S2
+	// reserved behind it, S1 hands over to S2.
+	h.handoverWorker("w2", 10, "k")
+	run, next = SplitReserved(h.claim("w2", 10))
+	require.Equal(t, []int64{s1.ID}, ids(run))
+	require.Equal(t, 1, run[0].Attempt)
+	n2 := next[s1.ID]
+	require.Equal(t, s2.ID, n2.ID)
+	require.Equal(t, 1, n2.Attempt)
+	h.tick(time.Second)
+	acks, _ = h.completeNext("w2", withNext(ok(run[0]), s2.ID))
+	require.Equal(t, "ok", acks[0].Status)
+	require.Equal(t, "started", acks[0].Next)
+	acks, _ = h.completeNext("w2", ok(asRunning(n2)))
+	require.Equal(t, "ok", acks[0].Status)
+	for _, c := range chain {
+		got := h.get(c.ID)
+		require.Equal(t, sluice.StateSucceeded, got.State, "task %d", c.ID)
+		require.Equal(t, 1, got.Attempt, "task %d", c.ID)
+		require.Len(t, got.Attempts, 1, "task %d", c.ID)
+		require.Equal(t, "w2", got.Attempts[0].WorkerID, "task %d", c.ID)
+		require.Equal(t, sluice.StateSucceeded, got.Attempts[0].State, "task %d", c.ID)
 	}
 	h.counters()
 }

@@ -181,6 +181,9 @@ func Run(t *testing.T, ns NewStore) {
 		"HandoverChainShort":           testHandoverChainShort,
 		"HandoverChainReleases":        testHandoverChainReleases,
 		"HandoverDepthOne":             testHandoverDepthOne,
+		"HandoverChainLeaseExpired":    testHandoverChainLeaseExpired,
+		"HandoverChainDeregistered":    testHandoverChainDeregistered,
+		"HandoverChainGonePaused":      testHandoverChainGonePaused,
 	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) { fn(t, ns) })
