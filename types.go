@@ -280,7 +280,9 @@ type ClaimedTask struct {
 	Timeout        Duration        `json:"timeout"`
 	CreatedAt      time.Time       `json:"created_at"`
 	StartedAt      time.Time       `json:"started_at"`
-	LeaseExpiresAt time.Time       `json:"lease_expires_at"`
+	// LeaseExpiresAt: the worker's lease lasts at least until then, by
+	// the server's clock, unless a heartbeat or claim extends it.
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
 	// After, when non-zero, makes this a reserved successor (handover):
 	// not started, holding no slot, it is to start on the slot of task
 	// After, which this worker runs, the moment After ends. The worker

@@ -480,6 +480,10 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 	// took everything it could and nothing has happened since that could
 	// give it more: that look would be a transaction finding nothing.
 	skip := p.Wait > 0 && e.disp.nothingNew(workerID)
+	// The lease runs from the call's arrival: a later look of a long-poll
+	// extends it no further (a worker frozen while its claim waits must
+	// be swept on time; heartbeats keep a live one's lease).
+	arrived := e.now()
 	for {
 		if answering == 0 && p.Wait > 0 && !e.disp.firstInLine(w) {
 			// Another waiting worker goes first under the dispatch
@@ -491,7 +495,7 @@ func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParam
 			skip = false
 			e.metrics.claimLooksSkipped.Inc()
 		case answering >= 0:
-			tasks, err := e.look(ctx, workerID, p.Max, p.Seq)
+			tasks, err := e.look(ctx, workerID, p.Max, p.Seq, max(0, e.cfg.Lease-e.now().Sub(arrived)))
 			if p.Wait > 0 {
 				signal(w.done, answering)
 			}
@@ -552,10 +556,10 @@ func nonNil[T any](s []T) []T {
 // fewer than max took everything the worker could have: the dispatcher
 // notes it, so the worker's next waiting claim need not look again until
 // something changes.
-func (e *Engine) look(ctx context.Context, workerID string, max int, seq int64) ([]sluice.ClaimedTask, error) {
+func (e *Engine) look(ctx context.Context, workerID string, max int, seq int64, lease time.Duration) ([]sluice.ClaimedTask, error) {
 	epoch := e.disp.epochNow()
 	start := time.Now()
-	tasks, err := e.st.Claim(ctx, workerID, max, e.cfg.Lease, seq)
+	tasks, err := e.st.Claim(ctx, workerID, max, lease, seq)
 	if err != nil {
 		return nil, err
 	}

@@ -596,6 +596,27 @@ func TestTimeoutSweep(t *testing.T) {
 	require.Equal(t, []int64{last.ID}, hb.Lost)
 }
 
+// TestLongPollDoesNotExtendLease: a worker whose claim long-polls and
+// which then goes silent (frozen) keeps its lease only from the call's
+// arrival: a look of that claim made later, when tasks are triggered,
+// extends it no further, so the sweeper takes the worker and the tasks
+// the look handed it on time.
+func TestLongPollDoesNotExtendLease(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	w := f.register("k")
+	parked := f.parkClaim(w, time.Minute)
+	f.clock.Advance(lease - time.Second)
+	task := f.trigger(sluice.TriggerParams{Kind: "k"}) // wakes the claim, which takes it
+	res := <-parked
+	require.Len(t, res.Tasks, 1)
+	f.clock.Advance(time.Second + time.Millisecond)
+	f.sweep()
+	got := f.get(task.ID)
+	require.Equal(t, sluice.StateReady, got.State, "the frozen worker's task is recovered")
+	require.Len(t, got.Attempts, 1)
+	require.True(t, strings.HasPrefix(got.Attempts[0].Error, "lease expired"), got.Attempts[0].Error)
+}
+
 // S-W6: the sweep ends the attempts of a worker whose lease expired (as an
 // attempt, retried at once, its slots released); heartbeats keep it alive.
 func TestLeaseExpirySweep(t *testing.T) {

@@ -243,7 +243,9 @@ type Store interface {
 	ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, error)
 	// Claim leases up to max ready tasks of the worker's kinds, never more
 	// than its free slots, best priority then fair rank first, and extends
-	// the worker's lease to now + lease.
+	// the worker's lease to now + lease, never shortening it (a
+	// long-poll's later looks pass what is left of the lease that began
+	// when the call arrived). ClaimedTask.LeaseExpiresAt is now + lease.
 	// seq is the worker's number for the claim call (0: none), kept on the
 	// tasks for Heartbeat's orphan check.
 	Claim(ctx context.Context, workerID string, max int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error)

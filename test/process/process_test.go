@@ -84,6 +84,12 @@ type proc struct {
 
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, name, nil, args...)
+}
+
+// startEnv is start with env added to the process's environment.
+func startEnv(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	f, err := os.Create(logPath)
 	require.NoError(t, err)
@@ -95,6 +101,7 @@ func start(t *testing.T, name string, args ...string) *proc {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, env...)
 	require.NoError(t, cmd.Start())
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {

@@ -127,7 +127,7 @@ const claimSQL = `WITH c AS (
 		WHERE t.id = ANY(ARRAY(SELECT id FROM c))
 		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE id = 1),
-	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
+	lease AS (UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $6) WHERE id = $4)
 	SELECT id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM claimed`
 
 // promoteClaimSQL is claimSQL for a transaction whose refill deferred its
@@ -179,7 +179,7 @@ const promoteClaimSQL = `WITH hd AS MATERIALIZED (
 			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))
 			+ 0 * (1 / CASE WHEN (SELECT count(*) FROM moved WHERE promoted) = $12 THEN 1 ELSE 0 END) WHERE id = 1),
-	lease AS (UPDATE workers SET lease_expires_at = $6 WHERE id = $4)
+	lease AS (UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $6) WHERE id = $4)
 	SELECT sq, promoted, claim, id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM moved`
 
 // Claim leases ready tasks to a worker; see store.Store. Two round trips
@@ -262,7 +262,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 	n := min(limit, w.slots-w.held)
 	if n <= 0 || len(w.kinds) == 0 {
 		t.writeDeferred()
-		t.exec("claim", `UPDATE workers SET lease_expires_at = $1 WHERE id = $2`, us(leaseUntil), w.id)
+		t.exec("claim", `UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $1) WHERE id = $2`, us(leaseUntil), w.id)
 		return func() ([]sluice.ClaimedTask, error) { return nil, nil }, nil
 	}
 	ps := t.deferred

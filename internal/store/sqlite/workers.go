@@ -162,7 +162,7 @@ func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit 
 	leaseUntil := now.Add(lease)
 	var slots int
 	var kindsJSON string
-	err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = ? WHERE id = ? RETURNING slots, kinds, handover`, us(leaseUntil), workerID).
+	err := tx.QueryRowContext(ctx, `UPDATE workers SET lease_expires_at = max(lease_expires_at, ?) WHERE id = ? RETURNING slots, kinds, handover`, us(leaseUntil), workerID).
 		Scan(&slots, &kindsJSON, handover)
 	if err == sql.ErrNoRows {
 		return nil, store.WorkerNotFound(workerID)

@@ -153,6 +153,7 @@ func Run(t *testing.T, ns NewStore) {
 		"CancelWaitingAndRunning":      testCancel,
 		"Release":                      testRelease,
 		"LeaseExpiry":                  testLeaseExpiry,
+		"ClaimNeverShortensLease":      testClaimNeverShortensLease,
 		"Heartbeat":                    testHeartbeat,
 		"Timeout":                      testTimeout,
 		"DispatchDeadline":             testDeadline,
@@ -928,6 +929,37 @@ func testLeaseExpiry(t *testing.T, ns NewStore) {
 	require.Len(t, ws, 1, "the dead worker is forgotten")
 	_, _, _, err = h.st.Heartbeat(h.ctx, "dead", sluice.HeartbeatParams{}, time.Second)
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
+	h.counters()
+}
+
+// A claim extends the worker's lease to now + its lease, never less than
+// it was: a long-poll's later looks pass only what is left of the lease
+// that began when the call arrived, which must not undo a heartbeat
+// since; with nothing left they extend nothing, with or without tasks.
+func testClaimNeverShortensLease(t *testing.T, ns NewStore) {
+	h := newH(t, ns)
+	h.enqueue(store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k") // lease to now + 30s
+	h.tick(10 * time.Second)
+	for _, n := range []int{0, 10} { // a look finding nothing, then one claiming
+		got, err := h.st.Claim(h.ctx, "w", n, 0, 0)
+		require.NoError(t, err)
+		if n > 0 {
+			require.Len(t, got, 1)
+		}
+		ws, err := h.st.ListWorkers(h.ctx)
+		require.NoError(t, err)
+		require.Equal(t, h.now.Add(20*time.Second), ws[0].LeaseExpiresAt, "claiming for %d shortened the lease", n)
+	}
+	_, err := h.st.Claim(h.ctx, "w", 10, 25*time.Second, 0)
+	require.NoError(t, err)
+	ws, err := h.st.ListWorkers(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, h.now.Add(25*time.Second), ws[0].LeaseExpiresAt, "a longer lease extends")
+	h.tick(25*time.Second + time.Millisecond)
+	n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "swept once the lease ran out")
 	h.counters()
 }
 
