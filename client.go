@@ -281,7 +281,8 @@ func workerPath(id, suffix string) string {
 // Wait polls b until task id is terminal (succeeded, failed or cancelled)
 // and returns it. Polls start 10ms apart and back off to 500ms. Errors that
 // retrying cannot fix (not found, bad request, auth) return at once; others
-// (network, server not ready) are retried until ctx is done.
+// (network, server not ready, its database unreachable) are retried until
+// ctx is done.
 func Wait(ctx context.Context, b Backend, id int64) (*Task, error) {
 	const (
 		first = 10 * time.Millisecond
@@ -330,7 +331,7 @@ func permanent(err error) bool {
 		return false
 	}
 	switch e.Code {
-	case CodeNotReady, CodeInternal:
+	case CodeNotReady, CodeStoreUnavailable, CodeInternal:
 		return false
 	}
 	return true
@@ -417,8 +418,8 @@ func isDialError(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// decodeError turns a non-2xx response into *Error, or *AdmissionError for
-// 429.
+// decodeError turns a non-2xx response into *Error (503 store_unavailable
+// matches ErrStoreUnavailable), or *AdmissionError for 429.
 func decodeError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var env struct {

@@ -328,6 +328,11 @@ func TestClientErrors(t *testing.T) {
 			want: &Error{Code: CodeNotReady, Message: "503 Service Unavailable"},
 		},
 		{
+			name: "store unavailable", status: 503, header: "1",
+			answer: `{"error": {"code": "store_unavailable", "message": "the server cannot reach its database; retry later"}}`,
+			want:   &Error{Code: CodeStoreUnavailable, Message: "the server cannot reach its database; retry later"},
+		},
+		{
 			name: "unauthorized without code", status: 401, answer: `{"error": {"message": "bad token"}}`,
 			want: &Error{Code: CodeUnauthorized, Message: "bad token"},
 		},
@@ -358,6 +363,11 @@ func TestClientErrorsIs(t *testing.T) {
 	ae, ok := IsAdmission(err)
 	require.True(t, ok)
 	require.Equal(t, "full", ae.Ceiling)
+
+	s.respond(503, `{"error": {"code": "store_unavailable", "message": "retry later"}}`)
+	_, _, err = c.Trigger(t.Context(), TriggerParams{Kind: "k"})
+	require.ErrorIs(t, err, ErrStoreUnavailable)
+	require.False(t, permanent(err), "an outage is retried")
 }
 
 func TestClientNetworkError(t *testing.T) {
@@ -401,6 +411,11 @@ func TestWait(t *testing.T) {
 			switch n := calls.Add(1); {
 			case n == 2:
 				w.WriteHeader(http.StatusServiceUnavailable) // retried
+				return
+			case n == 3:
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusServiceUnavailable) // retried too
+				_, _ = io.WriteString(w, `{"error": {"code": "store_unavailable", "message": "retry later"}}`)
 				return
 			case n >= 4:
 				state = StateSucceeded

@@ -15,7 +15,11 @@ const (
 	CodeConflict     = "conflict"
 	CodeAdmission    = "admission_rejected"
 	CodeNotReady     = "not_ready"
-	CodeInternal     = "internal"
+	// CodeStoreUnavailable: the server cannot reach its database (connection
+	// refused or lost, the database shutting down or starting up). The HTTP
+	// API answers 503 with Retry-After; the call may succeed when retried.
+	CodeStoreUnavailable = "store_unavailable"
+	CodeInternal         = "internal"
 )
 
 // Error is an API error with a stable code. Field names the offending input
@@ -39,6 +43,13 @@ var (
 	ErrNotFound = &Error{Code: CodeNotFound}
 	ErrConflict = &Error{Code: CodeConflict}
 	ErrInvalid  = &Error{Code: CodeBadRequest}
+	// ErrStoreUnavailable matches an error from a call that failed because
+	// the server's database could not be reached, whether it comes from the
+	// HTTP API (code store_unavailable) or from a server's Backend in
+	// process. The call did nothing, or, when the connection broke while it
+	// ran, its outcome is unknown: retry it, with an idempotency key where
+	// running it twice matters.
+	ErrStoreUnavailable = &Error{Code: CodeStoreUnavailable}
 )
 
 // Invalid returns a bad-request error naming field.

@@ -599,6 +599,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	if err := validate.Complete(&p); err != nil {
 		return nil, err
 	}
+	p.Results = validate.NormalizeResults(p.Results)
 	// The worker's next tasks, without another round trip and in the
 	// same transaction as its results. Its own long-poll is then not
 	// woken for the tasks just readied: this look took all the worker

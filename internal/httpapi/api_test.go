@@ -268,6 +268,21 @@ func TestBadInput(t *testing.T) {
 		{"trailing garbage", "POST", "/v1/tasks", `{"kind":"a"} x`, 400, "", "unexpected data after the JSON object"},
 		{"two objects", "POST", "/v1/tasks", `{"kind":"a"}{"kind":"b"}`, 400, "", "unexpected data after the JSON object"},
 		{"too large", "POST", "/v1/tasks", big, 413, "", "larger than 1048576 bytes"},
+		// Text that is not Unicode: the bytes would be stored and echoed
+		// (input) or replaced with U+FFFD, so that two keys collide.
+		{"input bad utf8", "POST", "/v1/tasks", "{\"kind\":\"a\",\"input\":{\"s\":\"\xff\"}}", 400, "input", "input: not valid UTF-8"},
+		{"input bad utf8 key", "POST", "/v1/tasks", "{\"kind\":\"a\",\"input\":{\"\xc3\":1}}", 400, "input", "input: not valid UTF-8"},
+		{"input lone surrogate", "POST", "/v1/tasks", `{"kind":"a","input":["\ud800"]}`, 400, "input", "input: contains a \\u escape of an unpaired UTF-16 surrogate"},
+		{"input reversed pair", "POST", "/v1/tasks", `{"kind":"a","input":"\udc00\ud800"}`, 400, "input", "unpaired UTF-16 surrogate"},
+		{"key bad utf8", "POST", "/v1/tasks", "{\"kind\":\"a\",\"concurrency_key\":\"k\xff\"}", 400, "concurrency_key", "concurrency_key: not valid UTF-8"},
+		{"key lone surrogate", "POST", "/v1/tasks", `{"kind":"a","concurrency_key":"k\udfff"}`, 400, "concurrency_key", "concurrency_key: contains a \\u escape"},
+		{"idempotency key bad utf8", "POST", "/v1/tasks", "{\"kind\":\"a\",\"idempotency_key\":\"\xed\xa0\x80\"}", 400, "idempotency_key", "idempotency_key: not valid UTF-8"},
+		{"kind bad utf8", "POST", "/v1/tasks", "{\"kind\":\"a\xff\"}", 400, "kind", "kind: not valid UTF-8"},
+		{"queue bad utf8", "POST", "/v1/tasks", "{\"kind\":\"a\",\"queue\":\"\xff\"}", 400, "queue", "queue: not valid UTF-8"},
+		{"batch input bad utf8", "POST", "/v1/tasks/batch", "{\"tasks\":[{\"kind\":\"a\"},{\"kind\":\"a\",\"input\":\"\xff\"}]}", 400, "tasks[1].input", "tasks[1].input: not valid UTF-8"},
+		{"batch key bad utf8", "POST", "/v1/tasks/batch", "{\"tasks\":[{\"kind\":\"a\",\"concurrency_key\":\"\xff\"}]}", 400, "tasks[0].concurrency_key", "tasks[0].concurrency_key: not valid UTF-8"},
+		{"register name bad utf8", "POST", "/v1/workers", "{\"name\":\"h\xff\",\"kinds\":[\"a\"],\"slots\":1}", 400, "name", "name: not valid UTF-8"},
+		{"register kind lone surrogate", "POST", "/v1/workers", `{"kinds":["a","\ud800"],"slots":1}`, 400, "kinds[1]", "kinds[1]: contains a \\u escape"},
 
 		// PUT /v1/queues/{name}
 		{"queue empty body", "PUT", "/v1/queues/q", "", 400, "", "request body is required"},

@@ -15,12 +15,15 @@ import (
 	jsonv2 "github.com/go-json-experiment/json"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/validate"
 )
 
 // decodeBody reads r's body into v (a pointer to a request struct) strictly:
 // at most maxBytes, exactly one JSON object, no unknown, duplicate or
-// wrongly-cased field names, and every type error names the field by its
-// JSON path ("results[2].task_id: want integer, got string").
+// wrongly-cased field names, no string whose text is not Unicode (invalid
+// UTF-8, an unpaired surrogate escape; but see lossyText), and every
+// error names the field by its JSON path ("results[2].task_id: want
+// integer, got string").
 //
 // encoding/json alone is too lenient for an API that promises "bad input
 // gets a clear error that names the field": it matches field names without
@@ -204,8 +207,35 @@ func walk(t reflect.Type, raw json.RawMessage, path string) error {
 		if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
 			return typeMismatch(path, t, raw)
 		}
+		if t.Kind() == reflect.String {
+			// json.Unmarshal has replaced any bad bytes with U+FFFD: only
+			// raw shows them.
+			return validate.JSONText(path, raw)
+		}
 		return nil
 	}
+}
+
+// lossyText are the string fields whose text may be other than Unicode:
+// the decoder lets encoding/json replace what is not (invalid UTF-8, an
+// unpaired surrogate escape) with U+FFFD instead of rejecting the
+// request. Every other string is rejected (walk), since a key, a name or
+// an idempotency key whose bytes were replaced would silently become
+// another. A worker's error text is the exception: a worker cannot
+// correct a result once its attempt has ended, and refusing the call
+// would leave every result in it unrecorded (see
+// validate.NormalizeResults, which treats outputs and in-process errors
+// the same way).
+var lossyText = map[reflect.Type]map[string]bool{
+	reflect.TypeFor[sluice.TaskResult](): {"error": true},
+}
+
+// walkLossy checks a lossyText field: a JSON string or null.
+func walkLossy(t reflect.Type, raw json.RawMessage, path string) error {
+	if string(raw) != "null" && json.Unmarshal(raw, reflect.New(t).Interface()) != nil {
+		return typeMismatch(path, t, raw)
+	}
+	return nil
 }
 
 // walkObject checks the members of a JSON object against struct type t,
@@ -241,7 +271,11 @@ func walkObject(t reflect.Type, raw json.RawMessage, path string) error {
 			return sluice.Invalid(p, "field appears more than once")
 		}
 		seen[key] = true
-		if err := walk(f, val, p); err != nil {
+		check := walk
+		if lossyText[t][key] {
+			check = walkLossy
+		}
+		if err := check(f, val, p); err != nil {
 			return err
 		}
 	}

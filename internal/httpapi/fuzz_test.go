@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/httpapi"
 	"github.com/sluice-dev/sluice/internal/validate"
@@ -16,8 +19,10 @@ import (
 // The fuzzers feed arbitrary bytes through the real handler, with the fake
 // backend answering success, and check that the API never panics, never
 // answers 5xx, answers 4xx with the error envelope and without calling the
-// backend, and hands the backend only input that passes validation.
-// Seed corpora are in testdata/fuzz/<FuzzName>/.
+// backend, hands the backend only input that passes validation and whose
+// text is Unicode (so that what is stored is echoed as JSON any strict
+// reader accepts, and no two keys were made one by U+FFFD), and answers
+// only such JSON. Seed corpora are in testdata/fuzz/<FuzzName>/.
 
 // fuzzLimit keeps the body limit small so that the fuzzer also explores 413.
 const fuzzLimit = 4 << 10
@@ -29,11 +34,21 @@ func fuzzBody(t *testing.T, method, path string, body []byte, revalidate func(ar
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	checkFuzzAnswer(t, w, f, revalidate)
+	// Decoding replaces text that is not Unicode with U+FFFD, which would
+	// make two keys one: a request is accepted only without such text,
+	// except a worker's results (validate.NormalizeResults).
+	if w.Code < 300 && !strings.HasSuffix(path, "/complete") &&
+		!jsontext.Value(body).IsValid(jsontext.AllowDuplicateNames(true)) {
+		t.Fatalf("status %d for a body whose text is not Unicode: %q", w.Code, body)
+	}
 }
 
 func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend, revalidate func(arg any) error) {
 	t.Helper()
 	calls := f.Calls()
+	if w.Body.Len() > 0 && !jsontext.Value(w.Body.Bytes()).IsValid(jsontext.AllowDuplicateNames(true)) {
+		t.Fatalf("status %d: the answer is not valid UTF-8 JSON: %q", w.Code, w.Body)
+	}
 	switch {
 	case w.Code >= 200 && w.Code < 300:
 		if len(calls) != 1 {
@@ -41,6 +56,11 @@ func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend,
 		}
 		if err := revalidate(calls[0].Arg); err != nil {
 			t.Fatalf("the backend got input that fails validation: %v", err)
+		}
+		// JSON v2 refuses to write a string, or a raw value (input,
+		// output), that is not Unicode.
+		if _, err := jsonv2.Marshal(calls[0].Arg); err != nil {
+			t.Fatalf("the backend got text that is not Unicode: %v", err)
 		}
 	case w.Code >= 400 && w.Code < 500:
 		if len(calls) != 0 {
@@ -74,6 +94,7 @@ func addSeeds(f *testing.F, seeds ...string) {
 var commonSeeds = []string{
 	``, ` `, `{`, `}`, `[]`, `null`, `"x"`, `0`, `{}`, `{} {}`, `{}x`, `{"a":1}`,
 	`{"":0}`, `{"\u0000":1}`, "{\"kind\":\"\xff\"}", `[{}]`, `{"results":[[[[[[[[]]]]]]]]}`,
+	"{\"\xff\":1}", `{"\ud800":1}`,
 }
 
 func FuzzDecodeTrigger(f *testing.F) {
@@ -84,6 +105,9 @@ func FuzzDecodeTrigger(f *testing.F) {
 		`{"kind":5}`, `{"kind":"a","priority":"high"}`, `{"kind":"a","timeout":5}`, `{"kind":"a","priority":1e400}`,
 		`{"kind":"a","priority":-2147483649}`, `{"kind":"a","run_at":"0000-01-01T00:00:00Z"}`, `{"kind":"a","timeout":"-9223372036854775808ns"}`,
 		`{"KIND":"a"}`, `{"kind":"a","kind":"a"}`, `{"kind":"a","input":}`, `{"kind":"a","run_at":null,"timeout":null}`,
+		"{\"kind\":\"a\",\"input\":{\"s\":\"\xff\"}}", `{"kind":"a","input":["\ud800"]}`, `{"kind":"a","input":"\ud83d\ude00"}`,
+		"{\"kind\":\"a\",\"concurrency_key\":\"k\xff\"}", `{"kind":"a","concurrency_key":"\udc00"}`, `{"kind":"a","concurrency_key":"\ufffd"}`,
+		"{\"kind\":\"a\",\"idempotency_key\":\"\xed\xa0\x80\"}", "{\"kind\":\"a\",\"queue\":\"q\xc3\"}",
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/tasks", body, func(arg any) error {
@@ -131,7 +155,11 @@ func FuzzDecodeComplete(f *testing.F) {
 		`{"results":[{"task_id":1,"attempt":1,"next":-5}]}`, `{"results":[{"task_id":1,"attempt":1,"next":9223372036854775808}]}`,
 		`{"results":[{"task_id":1,"attempt":1,"next":2},{"task_id":2,"attempt":1,"next":3},{"task_id":3,"attempt":1}]}`,
 		`{"results":[{"task_id":2,"attempt":1},{"task_id":1,"attempt":1,"next":2}]}`,
-		`{"results":[{"task_id":1,"attempt":1,"error":"x","next":2},{"task_id":2,"attempt":1}]}`)
+		`{"results":[{"task_id":1,"attempt":1,"error":"x","next":2},{"task_id":2,"attempt":1}]}`,
+		"{\"results\":[{\"task_id\":1,\"attempt\":1,\"output\":{\"s\":\"\xff\"}}]}",
+		`{"results":[{"task_id":1,"attempt":1,"output":["\ud800","\\ud800"]}]}`,
+		"{\"results\":[{\"task_id\":1,\"attempt\":1,\"error\":\"boom \xfe \\ud800 \\u0000\"}]}",
+		"{\"results\":[{\"task_id\":1,\"attempt\":1,\"output\":{\"\xc3\":1},\"next\":2},{\"task_id\":2,\"attempt\":1}]}")
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/workers/w1/complete", body, func(arg any) error {
 			p := arg.(sluice.CompleteParams)
@@ -155,7 +183,8 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 func FuzzDecodeRegister(f *testing.F) {
 	addSeeds(f, commonSeeds...)
 	addSeeds(f, `{"name":"host-1","kinds":["email","resize"],"slots":100}`, `{"kinds":["a"],"slots":0}`,
-		`{"kinds":[],"slots":1}`, `{"kinds":"a","slots":1}`, `{"kinds":["a"],"slots":1,"handover":true}`, `{"kinds":["a b"],"slots":1}`, "{\"name\":\"\\u0007\",\"kinds\":[\"a\"],\"slots\":1}")
+		`{"kinds":[],"slots":1}`, `{"kinds":"a","slots":1}`, `{"kinds":["a"],"slots":1,"handover":true}`, `{"kinds":["a b"],"slots":1}`, "{\"name\":\"\\u0007\",\"kinds\":[\"a\"],\"slots\":1}",
+		"{\"name\":\"h\xff\",\"kinds\":[\"a\"],\"slots\":1}", `{"name":"\ud800","kinds":["a"],"slots":1}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/workers", body, func(arg any) error {
 			p := arg.(sluice.RegisterWorkerParams)
@@ -204,6 +233,7 @@ func FuzzDecodeTriggerBatch(f *testing.F) {
 		`{"tasks":[{"kind":"a"},{"kind":"b","concurrency_key":"k","priority":3,"timeout":"1s"}]}`,
 		`{"tasks":[]}`, `{"tasks":null}`, `{"tasks":[{"kind":"a b"}]}`, `{"tasks":[{}]}`, `{"tasks":{"kind":"a"}}`,
 		`{"tasks":[{"kind":"a","idempotency_key":"x"},{"kind":"a","idempotency_key":"x"}]}`,
+		"{\"tasks\":[{\"kind\":\"a\"},{\"kind\":\"a\",\"input\":\"\xff\"}]}", `{"tasks":[{"kind":"a","concurrency_key":"\ud800"}]}`,
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "POST", "/v1/tasks/batch", body, func(arg any) error {

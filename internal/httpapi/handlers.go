@@ -313,6 +313,7 @@ func (a *api) complete(w http.ResponseWriter, r *http.Request) error {
 	if err := validate.Complete(&p); err != nil {
 		return err
 	}
+	p.Results = validate.NormalizeResults(p.Results)
 	res, err := a.b.Complete(r.Context(), id, p)
 	if err != nil {
 		return err

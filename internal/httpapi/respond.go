@@ -67,11 +67,16 @@ func statusOf(code string) (status int, ok bool) {
 		return http.StatusConflict, true
 	case sluice.CodeAdmission:
 		return http.StatusTooManyRequests, true
-	case sluice.CodeNotReady:
+	case sluice.CodeNotReady, sluice.CodeStoreUnavailable:
 		return http.StatusServiceUnavailable, true
 	}
 	return 0, false
 }
+
+// StoreUnavailableRetryAfter is the Retry-After of a 503 store_unavailable:
+// a database restart or failover takes seconds, and clients back off
+// further on their own.
+const StoreUnavailableRetryAfter = time.Second
 
 // retryAfterSeconds renders d as a Retry-After value: whole seconds, rounded
 // up, at least 1.
@@ -86,9 +91,13 @@ func retryAfterSeconds(d time.Duration) string {
 	return strconv.Itoa(int(s))
 }
 
-// writeErr maps err to a status and the error envelope. Errors that are not
-// *sluice.Error or *sluice.AdmissionError are logged and answered with a
-// bare 500 "internal" so that internals (SQL, paths) never leak.
+// writeErr maps err to a status and the error envelope. A store that
+// cannot reach its database (sluice.ErrStoreUnavailable) is answered 503
+// store_unavailable with Retry-After, so that clients and load balancers
+// can tell an outage from a bug. Other errors that are not *sluice.Error
+// or *sluice.AdmissionError are logged and answered with a bare 500
+// "internal". Neither answer says more: internals (SQL, addresses, paths)
+// never leak.
 func (a *api) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var tooLarge *errBodyTooLarge
 	if errors.As(err, &tooLarge) {
@@ -101,6 +110,20 @@ func (a *api) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	var se *sluice.Error
+	if errors.Is(err, sluice.ErrStoreUnavailable) {
+		e := &sluice.Error{Code: sluice.CodeStoreUnavailable, Message: "the server cannot reach its database; retry later"}
+		if errors.As(err, &se) && se.Code == sluice.CodeStoreUnavailable && se.Message != "" {
+			e = se // an API error, meant for clients
+		} else {
+			// The store's own error: an outage, not a bug, so a warning;
+			// its details stay in the log.
+			a.log.LogAttrs(r.Context(), slog.LevelWarn, "http request failed: store unavailable",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
+		}
+		w.Header().Set("Retry-After", retryAfterSeconds(StoreUnavailableRetryAfter))
+		writeError(w, http.StatusServiceUnavailable, e)
+		return
+	}
 	if errors.As(err, &se) {
 		if status, ok := statusOf(se.Code); ok {
 			if status == http.StatusTooManyRequests {

@@ -3,9 +3,11 @@
 // them again on the same values (defence in depth), so both reject bad input
 // with the same message before anything changes.
 //
-// Every function returns nil or a *sluice.Error with code bad_request whose
+// Every check returns nil or a *sluice.Error with code bad_request whose
 // Field names the offending input field (a JSON path such as
 // "results[2].task_id") and whose Message starts with that field.
+// NormalizeResults is the one repair: a worker's results are made
+// storable rather than refused (see there).
 package validate
 
 import (
@@ -98,8 +100,13 @@ func Trigger(p *sluice.TriggerParams) error {
 	if err := Name("kind", p.Kind); err != nil {
 		return err
 	}
-	if len(p.Input) > 0 && !json.Valid(p.Input) {
-		return sluice.Invalid("input", "not valid JSON")
+	if len(p.Input) > 0 {
+		if !json.Valid(p.Input) {
+			return sluice.Invalid("input", "not valid JSON")
+		}
+		if err := JSONText("input", p.Input); err != nil {
+			return err
+		}
 	}
 	if p.Queue != "" {
 		if err := Name("queue", p.Queue); err != nil {

@@ -56,7 +56,7 @@ const (
 
 // Store is the PostgreSQL store.
 type Store struct {
-	pool    *pgxpool.Pool
+	pool    *dbPool         // marks errors of an unreachable database (unavailable.go)
 	connCfg *pgx.ConnConfig // for the dedicated LISTEN and leader connections
 	log     *slog.Logger
 
@@ -141,7 +141,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", err)
 	}
-	s.pool = pool
+	s.pool = &dbPool{pool}
 	s.closed, s.closeFn = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -302,6 +302,7 @@ const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHER
 // any error the transaction is rolled back (a connection left in a
 // transaction is closed by the pool on release).
 func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) error) (err error) {
+	defer func() { err = unavailable(err) }()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
