@@ -71,10 +71,10 @@ func blockedChain(t *testing.T, f *fakeBackend, slots int, ids []int64) (w *Work
 
 // heldIDs returns the ids w holds.
 func heldIDs(w *Worker) []int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	ids := make([]int64, 0, len(w.held))
-	for id := range w.held {
+	w.held.mu.Lock()
+	defer w.held.mu.Unlock()
+	ids := make([]int64, 0, len(w.held.byID))
+	for id := range w.held.byID {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
@@ -161,14 +161,14 @@ func TestWorkerChainHandsOverTwice(t *testing.T) {
 			t.Fatalf("task %d did not start while the first call hung", id)
 		}
 	}
-	require.Zero(t, w.free.Load(), "the successors run on the first task's slot")
+	require.Zero(t, w.prod.free.Load(), "the successors run on the first task's slot")
 	require.Equal(t, -1, calls.first(false, ids[1]), "a result went before its predecessor's call returned")
 	openGate()
 	<-f.resultsReached(3)
 	require.NoError(t, stop())
 
 	require.Equal(t, int64(1), peak.peak.Load())
-	require.Equal(t, int64(1), w.free.Load())
+	require.Equal(t, int64(1), w.prod.free.Load())
 	for i := 1; i < len(ids); i++ {
 		ret, sent := calls.first(true, ids[i-1]), calls.first(false, ids[i])
 		require.NotEqual(t, -1, ret)
@@ -223,7 +223,7 @@ func TestWorkerChainReleasedUnderBackpressure(t *testing.T) {
 		return len(f.released) == 2
 	}, waitFor, tick)
 	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick)
-	require.Equal(t, int64(1), w.free.Load())
+	require.Equal(t, int64(1), w.prod.free.Load())
 	require.NoError(t, stop())
 
 	require.True(t, w.bp.holding())
@@ -232,7 +232,7 @@ func TestWorkerChainReleasedUnderBackpressure(t *testing.T) {
 		require.Equal(t, []int64{ids[1], ids[2]}, f.released, "in chain order")
 		require.Zero(t, f.results[ids[0]][0].Next)
 	})
-	require.Equal(t, int64(1), w.free.Load())
+	require.Equal(t, int64(1), w.prod.free.Load())
 }
 
 // A first successor cancelled by the server while reserved neither
@@ -246,14 +246,14 @@ func TestWorkerChainCancelledSuccessor(t *testing.T) {
 	w, ran, release, stop := blockedChain(t, f, 1, ids)
 	f.cancelViaHeartbeat(ids[1])
 	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		tr := w.held[ids[1]]
+		w.held.mu.Lock()
+		defer w.held.mu.Unlock()
+		tr := w.held.byID[ids[1]]
 		return tr != nil && tr.ctx.Err() != nil
 	}, waitFor, tick)
 	release()
 	<-f.resultsReached(1)
-	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.prod.free.Load() == 1 }, waitFor, tick)
 	f.locked(func() { require.Empty(t, f.released, "the server queues them again itself") })
 	require.NoError(t, stop())
 
@@ -285,9 +285,9 @@ func TestWorkerChainLostLease(t *testing.T) {
 			f.loseViaHeartbeat(ids[tc.lose])
 			want := ids[:tc.lose]
 			require.Eventually(t, func() bool { return slices.Equal(heldIDs(w), want) }, waitFor, tick)
-			require.Zero(t, w.free.Load(), "the first task still runs on the slot")
+			require.Zero(t, w.prod.free.Load(), "the first task still runs on the slot")
 			release()
-			require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+			require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.prod.free.Load() == 1 }, waitFor, tick)
 			f.locked(func() { require.Empty(t, f.released) })
 			require.NoError(t, stop())
 
@@ -353,7 +353,7 @@ func TestWorkerChainLostAckStopsStartedSuccessor(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the second successor went on running")
 	}
-	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.prod.free.Load() == 1 }, waitFor, tick)
 	require.NoError(t, stop())
 	f.locked(func() {
 		require.Equal(t, ids[1], f.results[ids[0]][0].Next)
@@ -386,9 +386,9 @@ func TestWorkerChainLostAckDropsReserved(t *testing.T) {
 	require.Equal(t, ids[1], <-started)
 	openGate()
 	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 }, waitFor, tick)
-	require.Zero(t, w.free.Load(), "the first successor still runs on the slot")
+	require.Zero(t, w.prod.free.Load(), "the first successor still runs on the slot")
 	release()
-	require.Eventually(t, func() bool { return w.free.Load() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { return w.prod.free.Load() == 1 }, waitFor, tick)
 	require.NoError(t, stop())
 	require.False(t, ran.has(ids[2]), "the second successor ran")
 	f.locked(func() {
@@ -437,7 +437,7 @@ func TestWorkerChainSuccessorHandedOutAgain(t *testing.T) {
 		"the old reservation's chain goes with it")
 	release()
 	<-f.resultsReached(2)
-	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 2 }, waitFor, tick)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.prod.free.Load() == 2 }, waitFor, tick)
 	require.NoError(t, stop())
 	require.False(t, ran.has(ids[2]), "the successor of a stale reservation ran")
 	f.locked(func() {
@@ -490,7 +490,7 @@ func TestWorkerChainTakenBackWhileResultInFlight(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return !slices.Contains(heldIDs(w), ids[1]) && !slices.Contains(heldIDs(w), ids[2]) }, waitFor, tick)
 	openGate()
-	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.free.Load() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { return len(heldIDs(w)) == 0 && w.prod.free.Load() == 1 }, waitFor, tick)
 	require.NoError(t, stop())
 	select {
 	case id := <-h.started:
@@ -541,7 +541,7 @@ func TestWorkerChainResultsInOneCall(t *testing.T) {
 					close(firstOut)
 					<-gate
 				case 2:
-					freeInSecond.Store(w.free.Load())
+					freeInSecond.Store(w.prod.free.Load())
 				}
 			}
 			log := &callLog{fakeBackend: f}
@@ -568,9 +568,9 @@ func TestWorkerChainResultsInOneCall(t *testing.T) {
 			// S2's result is queued behind S1's (the completer gets
 			// both before the gate opens).
 			require.Eventually(t, func() bool {
-				w.mu.Lock()
-				defer w.mu.Unlock()
-				return w.held[ids[2]] != nil && w.held[ids[2]].slotHeld
+				w.held.mu.Lock()
+				defer w.held.mu.Unlock()
+				return w.held.byID[ids[2]] != nil && w.held.byID[ids[2]].slotHeld
 			}, waitFor, tick)
 			time.Sleep(20 * time.Millisecond)
 			openGate()
@@ -594,7 +594,7 @@ func TestWorkerChainResultsInOneCall(t *testing.T) {
 				require.Equal(t, int64(1), freeInSecond.Load(), "S2's slot stayed taken while the call carrying its result was out")
 			}
 			requireChainReported(t, f, ids)
-			require.Equal(t, int64(1), w.free.Load())
+			require.Equal(t, int64(1), w.prod.free.Load())
 			require.Empty(t, heldIDs(w))
 		})
 	}

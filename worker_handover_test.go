@@ -87,7 +87,7 @@ func TestWorkerHandoverStartsOnSameSlot(t *testing.T) {
 		// The first completion cannot have returned: the gate is shut.
 		t.Fatal("the successor did not start while the completion call was in flight")
 	}
-	require.Zero(t, w.free.Load(), "the successor runs on the predecessor's slot")
+	require.Zero(t, w.prod.free.Load(), "the successor runs on the predecessor's slot")
 
 	// The answer reserves the third task after the second, which runs:
 	// held from then on, and started the moment the second ends.
@@ -99,7 +99,7 @@ func TestWorkerHandoverStartsOnSameSlot(t *testing.T) {
 	require.NoError(t, stop())
 
 	require.Equal(t, int64(1), peak.peak.Load())
-	require.Equal(t, int64(1), w.free.Load())
+	require.Equal(t, int64(1), w.prod.free.Load())
 	f.locked(func() {
 		want := map[int64]int64{ids[0]: ids[1], ids[1]: ids[2], ids[2]: 0}
 		for id, next := range want {
@@ -166,7 +166,7 @@ func TestWorkerHandoverLateSuccessorReleased(t *testing.T) {
 	_, ran2 := ran.Load(int64(2))
 	_, ran3 := ran.Load(int64(3))
 	require.False(t, ran2 || ran3, "a late successor must not run")
-	require.Equal(t, int64(2), w.free.Load())
+	require.Equal(t, int64(2), w.prod.free.Load())
 }
 
 // When the server answers the hand-over "lost" (the successor was
@@ -184,16 +184,16 @@ func TestWorkerHandoverLostAckStopsSuccessor(t *testing.T) {
 	stop := runWorker(t, w)
 	require.Equal(t, ids[1], <-h.started, "started on the slot before the ack")
 	require.ErrorIs(t, <-h.causes, errLeaseLost)
-	require.Eventually(t, func() bool { return w.free.Load() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { return w.prod.free.Load() == 1 }, waitFor, tick)
 	require.NoError(t, stop())
 	f.locked(func() {
 		require.Equal(t, ids[1], f.results[ids[0]][0].Next)
 		require.Zero(t, f.reported[ids[1]], "a lost successor's result is dropped")
 		require.NotContains(t, f.released, ids[1])
 	})
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	require.Empty(t, w.held)
+	w.held.mu.Lock()
+	defer w.held.mu.Unlock()
+	require.Empty(t, w.held.byID)
 }
 
 // A graceful shutdown releases a reserved successor at once, with the
@@ -230,7 +230,7 @@ func TestWorkerHandoverShutdownReleasesSuccessor(t *testing.T) {
 		require.Zero(t, f.results[ids[0]][0].Next)
 		require.Equal(t, ids[1], f.ready[0].ID, "back in the queue")
 	})
-	require.Equal(t, int64(1), w.free.Load())
+	require.Equal(t, int64(1), w.prod.free.Load())
 }
 
 // A worker with NoHandover registers without it.
@@ -286,7 +286,7 @@ func handoverLedger(t *testing.T, chain bool) {
 	require.NoError(t, stop())
 
 	require.LessOrEqual(t, peak.peak.Load(), int64(slots))
-	require.Equal(t, int64(slots), w.free.Load())
+	require.Equal(t, int64(slots), w.prod.free.Load())
 	f.mu.Lock()
 	results, reported, completes := maps.Clone(f.results), maps.Clone(f.reported), slices.Clone(f.completes)
 	sameCall := f.sameCallHandovers
@@ -362,11 +362,11 @@ func TestWorkerHandoverLateSuccessorTakesHeldSlot(t *testing.T) {
 	// The second task has ended with no successor yet: its slot is kept
 	// for the one the hanging call's answer brings.
 	time.Sleep(20 * time.Millisecond)
-	require.Zero(t, w.free.Load(), "the slot is held for a successor that may come")
+	require.Zero(t, w.prod.free.Load(), "the slot is held for a successor that may come")
 	openGate()
 	require.Equal(t, ids[2], <-ended, "the late successor ran")
 	<-f.resultsReached(3)
-	require.Eventually(t, func() bool { return w.free.Load() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { return w.prod.free.Load() == 1 }, waitFor, tick)
 	require.NoError(t, stop())
 	require.Equal(t, int64(1), peak.peak.Load())
 	f.locked(func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -76,23 +77,41 @@ func elapsed(a, b time.Time) time.Duration {
 	return d
 }
 
+// leaseKeeper keeps the worker registered and its lease alive: it holds
+// the current registration and the evidence of its lease, heartbeats,
+// watches for the lease running out, and registers again when the server
+// forgot the worker. Every role asks it whether a task may start
+// (leaseHeld).
+type leaseKeeper struct {
+	w *Worker // for the backend, the held runs and the other roles
+
+	// inc is the current registration: id and lease evidence. Replaced
+	// when the worker registers again.
+	inc atomic.Pointer[incarnation]
+	// clock, when set (tests), replaces time.Now for lease decisions.
+	clock func() time.Time
+	// lossAfter is LeaseLossAfter as Run resolved it.
+	lossAfter time.Duration
+	regMu     sync.Mutex // serialises registering again (reregister)
+}
+
 // now reads the worker's clock (WorkerConfig has none to set: tests set
-// Worker.clock).
-func (w *Worker) now() time.Time {
-	if w.clock != nil {
-		return w.clock()
+// leaseKeeper.clock).
+func (k *leaseKeeper) now() time.Time {
+	if k.clock != nil {
+		return k.clock()
 	}
 	return time.Now()
 }
 
 // current is the worker's incarnation (nil before Run registers it).
-func (w *Worker) current() *incarnation { return w.inc.Load() }
+func (k *leaseKeeper) current() *incarnation { return k.inc.Load() }
 
 // leaseHeld reports whether tasks claimed under in may start or go on
 // running now: in is still the worker's incarnation, and a call that
 // extended its lease was sent less than LeaseLossAfter ago.
-func (w *Worker) leaseHeld(in *incarnation) bool {
-	return in != nil && in == w.current() && in.age(w.now()) < w.lossAfter
+func (k *leaseKeeper) leaseHeld(in *incarnation) bool {
+	return in != nil && in == k.current() && in.age(k.now()) < k.lossAfter
 }
 
 // loseTasks stops held tasks whose lease is gone and forgets them: their
@@ -101,19 +120,20 @@ func (w *Worker) leaseHeld(in *incarnation) bool {
 // server to accept or call stale. Otherwise it loses the runs of ids that
 // are still those in snapshot (held when the heartbeat that reported them
 // was sent).
-func (w *Worker) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+func (k *leaseKeeper) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
+	held, chains := &k.w.held, k.w.chains
+	held.mu.Lock()
+	defer held.mu.Unlock()
 	// The server takes back what it reserved behind a lost task too.
 	lose := func(id int64, tr *taskRun) int {
 		tr.state.Store(stLost)
 		tr.cancel(errLeaseLost)
-		delete(w.held, id)
-		return 1 + len(w.dropChainLocked(tr, stLost, errLeaseLost))
+		delete(held.byID, id)
+		return 1 + len(chains.dropChainLocked(tr, stLost, errLeaseLost))
 	}
 	n := 0
 	if ids == nil {
-		for id, tr := range w.held {
+		for id, tr := range held.byID {
 			if tr.state.CompareAndSwap(stClaimed, stLost) || tr.state.CompareAndSwap(stRunning, stLost) {
 				n += lose(id, tr)
 			}
@@ -121,7 +141,7 @@ func (w *Worker) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
 		return n
 	}
 	for _, id := range ids {
-		if tr := w.held[id]; tr != nil && tr == snapshot[id] {
+		if tr := held.byID[id]; tr != nil && tr == snapshot[id] {
 			n += lose(id, tr)
 		}
 	}
@@ -130,7 +150,8 @@ func (w *Worker) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
 
 // heartbeatLoop extends the leases of every held task and reports the
 // worker's capacity every interval until stop is closed (S-W4).
-func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interval, lossAfter time.Duration) {
+func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interval, lossAfter time.Duration) {
+	w := k.w
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var heldIDs []int64
@@ -146,19 +167,19 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		// Every claim numbered up to settled, but those pending, has been
 		// answered (its tasks are in held) or failed; read before the
 		// snapshot of held.
-		settled, pending := w.seqs.settled()
+		settled, pending := w.prod.seqs.settled()
 		heldIDs = heldIDs[:0]
 		clear(snapshot)
-		w.mu.Lock()
-		for id, tr := range w.held {
+		w.held.mu.Lock()
+		for id, tr := range w.held.byID {
 			heldIDs = append(heldIDs, id)
 			snapshot[id] = tr
 		}
-		w.mu.Unlock()
+		w.held.mu.Unlock()
 		w.bp.sampleIfDue(time.Now())
 		p := HeartbeatParams{
 			Slots:           w.cfg.Slots,
-			FreeSlots:       int(w.free.Load()),
+			FreeSlots:       int(w.prod.free.Load()),
 			Held:            heldIDs,
 			MemoryUsedRatio: w.bp.memoryRatio(),
 			P99Latency:      Duration(w.bp.p99Latency()),
@@ -168,18 +189,18 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 		// A late heartbeat still helps while leases last; a call cut short
 		// by a tight timeout costs the connection.
 		hctx, cancel := context.WithTimeout(ctx, lossAfter)
-		in := w.current()
-		sent := w.now()
+		in := k.current()
+		sent := k.now()
 		res, err := w.b.Heartbeat(hctx, in.id, p)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, ErrNotFound) && w.reregister(ctx, in.id) {
+			if errors.Is(err, ErrNotFound) && k.reregister(ctx, in.id) {
 				continue
 			}
-			w.log.Error("heartbeat failed", "err", err, "failing_for", in.age(w.now()).Round(time.Millisecond))
+			w.log.Error("heartbeat failed", "err", err, "failing_for", in.age(k.now()).Round(time.Millisecond))
 			continue
 		}
 		// The server extended the lease no earlier than the send.
@@ -190,11 +211,11 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 			// the runs the snapshot named are lost: the server may have
 			// handed a task out here again since (a retry), and that
 			// later attempt is not what it reports lost.
-			if n := w.loseTasks(res.Lost, snapshot); n > 0 {
+			if n := k.loseTasks(res.Lost, snapshot); n > 0 {
 				w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
 			}
 		}
-		w.cancelTasks(res.Cancel, errServerCancel)
+		w.held.cancel(res.Cancel, errServerCancel)
 	}
 }
 
@@ -206,21 +227,22 @@ func (w *Worker) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interv
 // the old registration brings back later is never started. It reports
 // whether the worker is registered again (also when another loop did it
 // first).
-func (w *Worker) reregister(ctx context.Context, staleID string) bool {
-	w.regMu.Lock()
-	defer w.regMu.Unlock()
+func (k *leaseKeeper) reregister(ctx context.Context, staleID string) bool {
+	w := k.w
+	k.regMu.Lock()
+	defer k.regMu.Unlock()
 	if w.ID() != staleID {
 		return true // done already
 	}
-	n := w.loseTasks(nil, nil)
-	sent := w.now()
+	n := k.loseTasks(nil, nil)
+	sent := k.now()
 	reg, err := w.b.RegisterWorker(ctx, w.registration())
 	if err != nil {
 		w.log.Error("registering again after the server forgot this worker", "err", err)
 		return false
 	}
-	w.chainResults.Store(reg.ChainResults)
-	w.inc.Store(newIncarnation(reg.ID, sent))
+	w.compl.chainResults.Store(reg.ChainResults)
+	k.inc.Store(newIncarnation(reg.ID, sent))
 	w.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
 		"stale_worker_id", staleID, "new_worker_id", reg.ID, "tasks_dropped", n)
 	return true
@@ -234,7 +256,7 @@ func (w *Worker) reregister(ctx context.Context, staleID string) bool {
 // a pause longer than lossAfter runs first: its timer is overdue. It
 // keeps watching afterwards: tasks claimed later are stopped in turn
 // while heartbeats keep failing.
-func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAfter time.Duration) {
+func (k *leaseKeeper) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAfter time.Duration) {
 	t := time.NewTimer(lossAfter)
 	defer t.Stop()
 	for {
@@ -245,13 +267,13 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 			return
 		case <-t.C:
 		}
-		failing := w.current().age(w.now())
+		failing := k.current().age(k.now())
 		if failing < lossAfter {
 			t.Reset(lossAfter - failing)
 			continue
 		}
-		if n := w.loseTasks(nil, nil); n > 0 {
-			w.log.Error("no call extended the lease for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
+		if n := k.loseTasks(nil, nil); n > 0 {
+			k.w.log.Error("no call extended the lease for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
 				"tasks", n, "failing_for", failing.Round(time.Millisecond), "lease_loss_after", lossAfter)
 		}
 		t.Reset(lossAfter)
@@ -261,14 +283,12 @@ func (w *Worker) leaseWatchdog(ctx context.Context, stop <-chan struct{}, lossAf
 // releaseStale hands back, unstarted, tasks that a call of in brought
 // back too late to start (leaseHeld false). The server may have taken
 // them back already (it swept the worker): then the call fails, quietly.
-func (w *Worker) releaseStale(in *incarnation, tasks []ClaimedTask, why string) {
+func (k *leaseKeeper) releaseStale(in *incarnation, tasks []ClaimedTask, why string) {
 	ids := make([]int64, len(tasks))
 	for i, t := range tasks {
 		ids[i] = t.ID
 	}
-	w.log.Warn("claimed tasks arrived after the lease may have expired; released them unstarted",
-		"count", len(ids), "why", why, "lease_age", in.age(w.now()).Round(time.Millisecond))
-	ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
-	defer cancel()
-	w.releaseAs(ctx, in.id, ids, true)
+	k.w.log.Warn("claimed tasks arrived after the lease may have expired; released them unstarted",
+		"count", len(ids), "why", why, "lease_age", in.age(k.now()).Round(time.Millisecond))
+	k.w.releaseQuietly(in.id, ids)
 }

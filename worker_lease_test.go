@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// fakeClock is a clock the test moves by hand (Worker.clock). Its
+// fakeClock is a clock the test moves by hand (leaseKeeper.clock). Its
 // readings carry no monotonic part, so both of elapsed's readings agree.
 type fakeClock struct {
 	mu sync.Mutex
@@ -105,7 +105,7 @@ func TestWorkerStartCheck(t *testing.T) {
 			clock := newFakeClock()
 			started := make(chan int64, 1)
 			w := newTestWorker(f, WorkerConfig{Slots: 1, HeartbeatInterval: 20 * time.Millisecond, LeaseLossAfter: testLossAfter})
-			w.clock = clock.now
+			w.lease.clock = clock.now
 			w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
 				started <- tc.ID
 				return nil, nil
@@ -125,7 +125,7 @@ func TestWorkerStartCheck(t *testing.T) {
 				require.Eventually(t, func() bool { return released(f, 7) }, waitFor, tick)
 				require.NoError(t, stop())
 				require.Empty(t, started, "a claim answer read after the lease may have expired was started")
-				require.Equal(t, int64(1), w.free.Load(), "the slot came back")
+				require.Equal(t, int64(1), w.prod.free.Load(), "the slot came back")
 			}
 		})
 	}
@@ -150,8 +150,8 @@ func TestWorkerStaleRegistration(t *testing.T) {
 	})
 	stop := runWorker(t, w)
 	<-hc.asked
-	first := w.current()
-	require.Eventually(t, func() bool { return w.current() != first }, waitFor, tick, "registered again")
+	first := w.lease.current()
+	require.Eventually(t, func() bool { return w.lease.current() != first }, waitFor, tick, "registered again")
 	f.locked(func() { f.heartbeatErr = nil })
 	hc.answer <- []ClaimedTask{{ID: 9, Kind: "test", Attempt: 1, MaxAttempts: 1, Input: []byte("null")}}
 	require.Eventually(t, func() bool { return released(f, 9) }, waitFor, tick)
@@ -172,7 +172,7 @@ func TestWorkerStaleHandover(t *testing.T) {
 	started := make(chan int64, 4)
 	unblock := make(chan struct{})
 	w := newTestWorker(f, WorkerConfig{Slots: 1})
-	w.clock = clock.now
+	w.lease.clock = clock.now
 	w.Register("test", func(_ context.Context, tc *TaskContext) (json.RawMessage, error) {
 		started <- tc.ID
 		<-unblock
@@ -185,9 +185,9 @@ func TestWorkerStaleHandover(t *testing.T) {
 	f.locked(func() { f.claimErrs = 1 << 30 })
 	var reserved bool
 	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		p := w.held[ids[0]]
+		w.held.mu.Lock()
+		defer w.held.mu.Unlock()
+		p := w.held.byID[ids[0]]
 		reserved = p != nil && p.next != nil && p.next.tc.ID == ids[1]
 		return reserved
 	}, waitFor, tick, "the successor is held behind the running task")

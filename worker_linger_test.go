@@ -70,7 +70,7 @@ func TestWorkerResultLingerOneCall(t *testing.T) {
 			// One claim brings both: the fast one's handler returns at
 			// once, the slow one's when released.
 			w, release := lingerWorker(t, f, WorkerConfig{Slots: 2, ClaimBatch: 2, ResultLinger: tc.linger})
-			require.Eventually(t, func() bool { return w.launched.Load() == 1 }, waitFor, tick)
+			require.Eventually(t, func() bool { return w.compl.linger.launched.Load() == 1 }, waitFor, tick)
 			if tc.linger < 0 {
 				// Off: the fast result goes alone, at once.
 				require.Eventually(t, func() bool { return len(completeCalls(f)) == 1 }, waitFor, tick)
@@ -100,7 +100,7 @@ func TestWorkerResultLingerBounded(t *testing.T) {
 	w, release := lingerWorker(t, f, WorkerConfig{Slots: 2, ClaimBatch: 2, ResultLinger: 30 * time.Millisecond})
 	require.Eventually(t, func() bool { return len(completeCalls(f)) == 1 }, waitFor, tick)
 	require.Equal(t, [][]int64{{fast}}, completeCalls(f))
-	require.EqualValues(t, 1, w.launched.Load(), "the slow handler still runs")
+	require.EqualValues(t, 1, w.compl.linger.launched.Load(), "the slow handler still runs")
 	release()
 	waitResults(t, f, 2)
 	require.Equal(t, [][]int64{{fast}, {slow}}, completeCalls(f))

@@ -78,7 +78,7 @@ func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, err
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "worker_in_flight_tasks",
 			Help: "Tasks holding a slot of this worker (claimed and not yet finished).",
-		}, func() float64 { return slots - float64(w.free.Load()) }),
+		}, func() float64 { return slots - float64(w.prod.free.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "worker_slots",
 			Help: "Most tasks this worker runs at once.",

@@ -388,7 +388,7 @@ func TestWorkerLeaseLossWhenServerVanishes(t *testing.T) {
 		}
 		require.Equal(t, 1, f.reported[other])
 	})
-	require.Equal(t, int64(8), w.free.Load())
+	require.Equal(t, int64(8), w.prod.free.Load())
 }
 
 // TestWorkerRejectsBadTimings: Run refuses a lease that is not more than
@@ -710,7 +710,7 @@ func TestWorkerShutdownDeadlineReleases(t *testing.T) {
 		require.Empty(t, f.reported)
 		require.True(t, f.deregistered)
 	})
-	require.Equal(t, int64(4), w.free.Load())
+	require.Equal(t, int64(4), w.prod.free.Load())
 }
 
 // TestWorkerShutdownReleasesUnstarted: tasks a claim returns as the worker
@@ -740,7 +740,7 @@ func TestWorkerShutdownReleasesUnstarted(t *testing.T) {
 		require.Empty(t, f.reported)
 		require.True(t, f.deregistered)
 	})
-	require.Equal(t, int64(4), w.free.Load())
+	require.Equal(t, int64(4), w.prod.free.Load())
 }
 
 func TestWorkerID(t *testing.T) {

@@ -1,0 +1,206 @@
+package sluice
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// executor runs handlers: each attempt in its own goroutine, on a slot
+// the producer took for it or one its predecessor handed over. When a
+// handler returns it passes the slot on (handovers) or frees it
+// (producer), and queues the result for the completer.
+type executor struct {
+	w *Worker // for the held runs, the lease and the other roles
+
+	kinds map[string]*kindRunner // built by Run; read-only after
+	tasks sync.WaitGroup         // every task goroutine
+}
+
+// kindRunner is what running a task of one kind needs.
+type kindRunner struct {
+	h HandlerFunc // nil: the server handed out a kind not registered here
+	m *kindMetrics
+}
+
+type timeoutError struct{ d time.Duration }
+
+func (e *timeoutError) Error() string { return "timeout: attempt exceeded " + e.d.String() }
+
+// run executes one claimed attempt, on a slot taken for it in
+// producer.start.
+func (e *executor) run(tr *taskRun) {
+	w := e.w
+	defer e.tasks.Done()
+	if w.stopping.Load() || !tr.state.CompareAndSwap(stClaimed, stRunning) {
+		// Left for the shutdown to release, or already lost.
+		w.compl.linger.returned(tr)
+		w.chains.endRun(tr)
+		w.prod.freeSlot()
+		return
+	}
+	e.execute(tr)
+}
+
+// runSuccessor executes a reserved successor on the slot its predecessor
+// handed over (its state already running).
+func (e *executor) runSuccessor(tr *taskRun) {
+	defer e.tasks.Done()
+	e.execute(tr)
+}
+
+// execute runs the handler of tr (state running), then passes its slot to
+// its reserved successor, if any, or frees it, and queues its result.
+func (e *executor) execute(tr *taskRun) {
+	w := e.w
+	if !w.lease.leaseHeld(tr.inc) {
+		// The last check before the handler: the process may have
+		// been frozen since the task was claimed or handed its slot.
+		e.notStarted(tr)
+		return
+	}
+	kr := e.kinds[tr.tc.Kind]
+	if kr == nil {
+		kr = &kindRunner{m: w.metrics.forKind(tr.tc.Kind)}
+	}
+	start := time.Now()
+	tr.tc.StartedAt = start
+	ctx := tr.ctx
+	if tr.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, tr.timeout, &timeoutError{tr.timeout})
+		defer cancel()
+	}
+	out, err := e.call(ctx, tr, kr.h)
+	w.compl.linger.returned(tr)
+	took := time.Since(start)
+	w.bp.lat.record(took)
+
+	r := &tr.result
+	r.TaskID, r.Attempt = tr.tc.ID, tr.tc.Attempt
+	outcome := outcomeSucceeded
+	if ctx.Err() != nil {
+		switch cause := context.Cause(ctx); {
+		case cause == errShutdown:
+			// Released by the shutdown: it did not complete here.
+			w.chains.endRun(tr)
+			w.prod.freeSlot()
+			return
+		case cause == errLeaseLost:
+			// Dropped by whoever cancelled it.
+			kr.m.finished(outcomeLost, took)
+			w.chains.endRun(tr)
+			w.prod.freeSlot()
+			return
+		case cause == errServerCancel:
+			r.Error, r.NoRetry = "cancelled", true
+			out, err = nil, nil
+			outcome = outcomeCancelled
+		default:
+			var te *timeoutError
+			if errors.As(cause, &te) {
+				r.Error = te.Error()
+				out, err = nil, nil
+				outcome = outcomeTimeout
+			}
+		}
+	}
+	if err != nil {
+		failResult(r, err)
+		outcome = outcomeFailed
+	} else if r.Error == "" && len(out) > 0 {
+		if json.Valid(out) {
+			r.Output = out
+		} else {
+			r.Error, r.NoRetry = "handler returned invalid JSON output", true
+			outcome = outcomeFailed
+		}
+	}
+	if !tr.state.CompareAndSwap(stRunning, stDone) {
+		// Lost or released meanwhile.
+		if tr.state.Load() == stLost {
+			kr.m.finished(outcomeLost, took)
+		}
+		w.chains.endRun(tr)
+		w.prod.freeSlot()
+		return
+	}
+	kr.m.finished(outcome, took)
+	next := w.chains.handOver(tr)
+	if next != nil {
+		// The slot passes on: no free slot in between, so the claim
+		// loop never sees it and in-flight stays the same.
+		w.markActive()
+		e.tasks.Add(1)
+		go e.runSuccessor(next)
+	} else if !w.chains.holdSlot(tr) {
+		w.prod.freeSlot()
+	}
+	// A result never goes before its predecessor's: the server starts
+	// this task only when it records that one (in a call before this
+	// result's, see completer.loop).
+	if tr.predQueued != nil {
+		<-tr.predQueued
+	}
+	w.compl.queue(tr)
+	if next != nil {
+		close(next.predQueued)
+	}
+}
+
+// notStarted gives up tr (running, its handler not called) because its
+// lease may have expired: it is released unstarted (the server may have
+// taken it back already) and its slot freed; whatever was reserved
+// behind it goes back with it on the server.
+func (e *executor) notStarted(tr *taskRun) {
+	w := e.w
+	w.compl.linger.returned(tr)
+	if tr.state.CompareAndSwap(stRunning, stLost) {
+		tr.cancel(errLeaseLost)
+		w.held.mu.Lock()
+		w.held.removeLocked(tr)
+		w.held.mu.Unlock()
+		w.log.Warn("not starting a claimed task: the lease may have expired (was the process frozen?); released it",
+			"task_id", tr.tc.ID, "lease_age", tr.inc.age(w.lease.now()).Round(time.Millisecond))
+		w.releaseQuietly(tr.inc.id, []int64{tr.tc.ID})
+	}
+	w.chains.endRun(tr)
+	w.prod.freeSlot()
+}
+
+// call runs the handler h, turning a panic into an error.
+func (e *executor) call(ctx context.Context, tr *taskRun, h HandlerFunc) (out json.RawMessage, err error) {
+	if h == nil {
+		return nil, NoRetry(fmt.Errorf("no handler for kind %q on this worker", tr.tc.Kind))
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			e.w.log.Error("handler panicked", "task_id", tr.tc.ID, "kind", tr.tc.Kind, "panic", p, "stack", string(debug.Stack()))
+			out, err = nil, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return h(ctx, &tr.tc)
+}
+
+// wait waits up to d for every task goroutine to end.
+func (e *executor) wait(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		e.tasks.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		// The waiting goroutine ends when the tasks do; a handler that
+		// never returns leaks both, which is logged by the caller.
+		return false
+	}
+}

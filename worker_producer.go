@@ -1,0 +1,330 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// producer claims tasks for the worker's free slots (S-W1) and starts
+// them on the executor: it owns the slot count, the slots promised to
+// claims in flight and the numbers of claim calls. Claims go from its
+// claim loop and ride on the completer's complete calls (piggyback).
+type producer struct {
+	w *Worker // for the backend, the held runs and the other roles
+
+	// free counts free slots. The claim loop and claims riding on
+	// completions take them; the server never hands out more than its
+	// count of the worker's free slots, which is never above this one
+	// (a slot frees here before its result reaches the server).
+	free      atomic.Int64
+	slotFreed chan struct{} // cap 1: "free may have grown"
+
+	// asking counts the slots promised to claims in flight (the claim
+	// loop's and a completion's): what one asks for, the other does not,
+	// so together they never ask for more than the free slots.
+	askMu  sync.Mutex
+	asking int64
+
+	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
+}
+
+func newProducer(w *Worker) *producer {
+	return &producer{w: w, slotFreed: make(chan struct{}, 1)}
+}
+
+// claimLoop claims while ctx is live and there are free slots (S-W1): an
+// idle worker long-polls, a busy one claims again as soon as a slot frees.
+// Each claim asks for min(free slots, claim limit), the limit being the
+// claim batch shrunk by backpressure (S-W3).
+func (p *producer) claimLoop(ctx context.Context) {
+	w := p.w
+	backoff := claimBackoffMin
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	pause := func(d time.Duration) {
+		timer.Reset(d)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+		}
+	}
+	for ctx.Err() == nil {
+		if p.available() <= 0 {
+			select {
+			case <-p.slotFreed:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		if w.compl.linger.lingering.Load() {
+			// Results wait for handlers claimed within ResultLinger
+			// (completer.loop): their call claims for the slots freed
+			// meanwhile, in the same transaction, so a claim of its own
+			// would only cost one more.
+			if d := w.compl.linger.left(); d > 0 {
+				pause(d)
+				continue
+			}
+		}
+		limit, wait := w.bp.claimLimit(time.Now())
+		if wait > 0 {
+			pause(wait)
+			continue
+		}
+		n := p.reserve(int64(limit))
+		if n == 0 {
+			continue // a completion's claim took them meanwhile
+		}
+		in := w.lease.current()
+		seq := p.seqs.begin()
+		sent := w.lease.now()
+		res, err := w.b.Claim(ctx, in.id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait), Seq: seq})
+		if err != nil {
+			p.unreserve(n)
+			p.seqs.end(seq) // any tasks it claimed are lost with the answer
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrNotFound) && w.lease.reregister(ctx, in.id) {
+				continue
+			}
+			d := backoff/2 + rand.N(backoff/2+1)
+			w.log.Error("claiming tasks", "err", err, "retry_in", d)
+			pause(d)
+			backoff = min(backoff*2, claimBackoffMax)
+			continue
+		}
+		backoff = claimBackoffMin
+		if countRunNow(res.Tasks) > 0 {
+			// A claim transaction ran: it extended the lease. (A claim
+			// that found nothing may not have run one.)
+			in.extended(sent)
+		}
+		w.metrics.claimed(countRunNow(res.Tasks))
+		w.held.cancel(res.Cancel, errServerCancel)
+		if len(res.Tasks) > 0 {
+			w.markActive()
+			// Tasks that arrive as Run's context ends are not started:
+			// the shutdown releases them.
+			p.start(in, res.Tasks, n, ctx.Err() == nil)
+		}
+		p.unreserve(n)
+		p.seqs.end(seq) // its tasks are held now
+	}
+}
+
+// start takes slots for tasks claimed by a call of in and runs them,
+// each in its own goroutine. Unless launch is set they are only
+// recorded, for release. Tasks that arrive when in's lease may have
+// expired (leaseHeld) are released at once, unstarted.
+//
+// Reserved successors (ClaimedTask.After != 0, handover) take no slot and
+// do not count against asked: each is held, unstarted, attached to the run
+// of task After, which starts it on its own slot the moment its handler
+// ends. One whose predecessor is not held here any more, or has ended
+// already (the answer came late), is released: the server queues it again
+// (handovers.attachLocked).
+func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, launch bool) {
+	w := p.w
+	if !w.lease.leaseHeld(in) {
+		w.lease.releaseStale(in, tasks, "claim answer")
+		return
+	}
+	var release []int64
+	var nRun int64
+	for i := range tasks {
+		if tasks[i].After == 0 {
+			nRun++
+		}
+	}
+	if nRun > asked {
+		w.log.Error("server handed more tasks than claimed; releasing the surplus", "asked", asked, "got", nRun)
+		extra := make([]int64, 0, nRun-asked)
+		kept := make([]ClaimedTask, 0, int64(len(tasks))-(nRun-asked))
+		var n int64
+		for _, t := range tasks {
+			if t.After == 0 {
+				if n++; n > asked {
+					extra = append(extra, t.ID)
+					continue
+				}
+			}
+			kept = append(kept, t)
+		}
+		// A successor of a surplus task finds no predecessor below, and
+		// goes back in the same call, after it.
+		tasks, nRun = kept, asked
+		release = extra
+	}
+	runs := make([]taskRun, len(tasks)) // one allocation per claim
+	late := 0
+	var lateStart []*taskRun
+	w.held.mu.Lock()
+	for i := range tasks {
+		ct := &tasks[i]
+		tr := &runs[i]
+		tr.inc = in
+		tr.tc = TaskContext{ID: ct.ID, Kind: ct.Kind, Queue: ct.Queue, ConcurrencyKey: ct.ConcurrencyKey,
+			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input}
+		tr.timeout = ct.Timeout.D()
+		if ct.After != 0 {
+			attached, now := w.chains.attachLocked(tr, ct.After, launch)
+			if !attached {
+				release = append(release, ct.ID)
+				late++
+				continue
+			}
+			if now {
+				lateStart = append(lateStart, tr)
+			}
+		}
+		tr.ctx, tr.cancel = context.WithCancelCause(w.baseCtx)
+		if old := w.held.byID[ct.ID]; old != nil {
+			// The server handed the task out again: our earlier attempt
+			// lost its lease.
+			old.state.Store(stLost)
+			old.cancel(errLeaseLost)
+			w.chains.dropChainLocked(old, stLost, errLeaseLost)
+		}
+		w.held.byID[ct.ID] = tr
+	}
+	w.held.mu.Unlock()
+	if late > 0 {
+		w.log.Debug("releasing reserved successors whose predecessor ended or is not held, or of a kind not handled here", "count", late)
+	}
+	if len(release) > 0 {
+		w.releaseNow(release)
+	}
+	if len(lateStart) > 0 {
+		w.markActive()
+		w.exec.tasks.Add(len(lateStart))
+		for _, tr := range lateStart {
+			go w.exec.runSuccessor(tr)
+		}
+	}
+	if !launch {
+		return
+	}
+	p.free.Add(-nRun)
+	w.exec.tasks.Add(int(nRun))
+	// Counted for ResultLinger before any starts, so that one ending at
+	// once sees the others running.
+	w.compl.linger.launch(nRun)
+	for i := range runs {
+		if tasks[i].After == 0 {
+			runs[i].lingers = true
+			go w.exec.run(&runs[i])
+		}
+	}
+}
+
+// freeSlot returns a slot and wakes the claim loop.
+func (p *producer) freeSlot() {
+	p.w.markActive()
+	p.free.Add(1)
+	select {
+	case p.slotFreed <- struct{}{}:
+	default:
+	}
+}
+
+// piggyback reserves how many tasks a complete call asks for: the free
+// slots no claim in flight asked for, within the claim limit, while
+// claiming goes on.
+func (p *producer) piggyback(runCtx context.Context) int64 {
+	if runCtx.Err() != nil || p.w.stopping.Load() {
+		return 0
+	}
+	return p.reserve(int64(p.w.bp.piggybackLimit()))
+}
+
+// available is the free slots no claim in flight asked for.
+func (p *producer) available() int64 {
+	p.askMu.Lock()
+	defer p.askMu.Unlock()
+	return p.free.Load() - p.asking
+}
+
+// reserve promises up to limit available slots to a claim about to be
+// sent and returns how many; unreserve gives them back once its tasks
+// (which take slots of their own in start) are in.
+func (p *producer) reserve(limit int64) int64 {
+	p.askMu.Lock()
+	defer p.askMu.Unlock()
+	n := max(0, min(p.free.Load()-p.asking, limit))
+	p.asking += n
+	return n
+}
+
+func (p *producer) unreserve(n int64) {
+	if n == 0 {
+		return
+	}
+	p.askMu.Lock()
+	p.asking -= n
+	p.askMu.Unlock()
+	select {
+	case p.slotFreed <- struct{}{}: // the claim loop may ask for them now
+	default:
+	}
+}
+
+// countRunNow counts the tasks to start now: not reserved successors.
+func countRunNow(tasks []ClaimedTask) int {
+	n := 0
+	for i := range tasks {
+		if tasks[i].After == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// claimSeqs numbers the worker's claim calls (ClaimParams.Seq,
+// CompleteParams.ClaimSeq) and knows which are still in flight, so that a
+// heartbeat can tell the server which answers have been taken in
+// (HeartbeatParams.ClaimsSettled, ClaimsPending): a task such a claim
+// handed out that the worker does not hold was lost with its answer.
+type claimSeqs struct {
+	mu       sync.Mutex
+	last     int64
+	inflight map[int64]struct{}
+}
+
+// begin numbers a claim call about to be sent.
+func (c *claimSeqs) begin() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight == nil {
+		c.inflight = map[int64]struct{}{}
+	}
+	c.last++
+	c.inflight[c.last] = struct{}{}
+	return c.last
+}
+
+// end marks a claim call settled: answered and its tasks held, or failed.
+// Ending 0 or a settled call does nothing.
+func (c *claimSeqs) end(seq int64) {
+	c.mu.Lock()
+	delete(c.inflight, seq)
+	c.mu.Unlock()
+}
+
+// settled returns the last number given and the calls still in flight.
+func (c *claimSeqs) settled() (last int64, pending []int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for seq := range c.inflight {
+		pending = append(pending, seq)
+	}
+	slices.Sort(pending)
+	return c.last, pending
+}
