@@ -14,10 +14,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	jsonv2 "github.com/go-json-experiment/json"
-	"github.com/go-json-experiment/json/jsontext"
-	jsonv1 "github.com/go-json-experiment/json/v1"
 )
 
 // Client talks to a sluice server over its HTTP API (/v1). It implements
@@ -496,24 +492,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
-
-// decodeAnswer decodes a server's answer as leniently as encoding/json
-// (names in any case, unknown and duplicate names, invalid UTF-8, loose
-// RFC 3339 times), with the JSON v2 engine of go-json-experiment/json
-// (the prototype of Go's encoding/json/v2): the answer to a complete call
-// that claimed 50 tasks decodes in 172 µs instead of 355 µs
-// (BenchmarkDecodeCompleteAnswer). FuzzDecodeAnswer checks it decodes
-// whatever encoding/json decodes, to the same value.
-//
-// Claim and complete answers in the server's own layout are read by hand
-// first (readAnswer): the same answer of 50 tasks in about 80 µs
-// instead of 180 µs, with 60 allocations instead of 165.
-func decodeAnswer(raw []byte, out any) error {
-	if readAnswer(raw, out) {
-		return nil
-	}
-	return jsonv2.Unmarshal(raw, out, answerOptions)
-}
-
-var answerOptions = jsonv2.JoinOptions(jsontext.AllowInvalidUTF8(true), jsontext.AllowDuplicateNames(true),
-	jsonv2.MatchCaseInsensitiveNames(true), jsonv1.MatchCaseSensitiveDelimiter(true), jsonv1.ParseTimeWithLooseRFC3339(true))

@@ -64,6 +64,10 @@ func errTooLarge(limit int64) error { return &errBodyTooLarge{limit: limit} }
 // (BenchmarkDecodeComplete). FuzzDecodeFastPath checks that the result is
 // always the one decodeStrict alone gives: the same error, or the same
 // value.
+//
+// Unlike the answers (internal/wire), neither pass is written per type:
+// both follow the struct tags, so a field added to a request type is
+// read with no change here (TestDecodeEveryField).
 func decodeJSON(body []byte, v any) error {
 	// JSON's whitespace only (bytes.TrimSpace would also skip \v, \f and
 	// Unicode spaces, which JSON rejects).

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/wire/wiretest"
 )
 
 // requestTypes are the bodies the API decodes.
@@ -22,6 +24,48 @@ var requestTypes = []func() any{
 	func() any { return &sluice.CompleteParams{} },
 	func() any { return &sluice.HeartbeatParams{} },
 	func() any { return &sluice.ReleaseParams{} },
+}
+
+// Every field of every request body, found by reflection, is read: a
+// body encoding/json writes, with every field set or with random values,
+// decodes (one pass and strict) to what encoding/json reads from it.
+func TestDecodeEveryField(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, mk := range requestTypes {
+		v := mk()
+		for i := range 500 {
+			mode := wiretest.Plain
+			if i == 0 {
+				mode = wiretest.Full
+			}
+			wiretest.Fill(t, v, r, mode)
+			if mode == wiretest.Full {
+				if zeros := wiretest.Zeros(v); len(zeros) > 0 {
+					t.Fatalf("wiretest.Fill left fields zero: %v", zeros)
+				}
+			}
+			body, err := json.Marshal(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, fast, strict := mk(), mk(), mk()
+			if err := json.Unmarshal(body, want); err != nil {
+				t.Fatal(err)
+			}
+			if err := decodeJSON(bytes.Clone(body), fast); err != nil {
+				t.Fatalf("%T from %s: %v", v, body, err)
+			}
+			if err := decodeStrict(bytes.Clone(body), strict); err != nil {
+				t.Fatalf("%T from %s: strict: %v", v, body, err)
+			}
+			if !reflect.DeepEqual(want, fast) || !reflect.DeepEqual(want, strict) {
+				a, _ := json.Marshal(fast)
+				b, _ := json.Marshal(strict)
+				t.Fatalf("%T from %s:\none pass read %s\nstrict read   %s", v, body, a, b)
+			}
+		}
+	}
 }
 
 // The one-pass decode changes nothing a client can see: for every body and

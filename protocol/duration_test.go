@@ -1,4 +1,4 @@
-package sluice
+package protocol
 
 import (
 	"encoding/json"

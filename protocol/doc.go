@@ -1,0 +1,36 @@
+// Package protocol is the wire contract of sluice's worker protocol: the
+// JSON bodies and answers of the /v1/workers routes, which a worker in any
+// language speaks to a sluice server over HTTP.
+//
+// A worker's life, in calls:
+//
+//	POST   /v1/workers                  RegisterWorkerParams → 201 WorkerRegistration
+//	POST   /v1/workers/{id}/claim       ClaimParams          → 200 ClaimResult
+//	POST   /v1/workers/{id}/complete    CompleteParams       → 200 CompleteResult
+//	POST   /v1/workers/{id}/heartbeat   HeartbeatParams      → 200 HeartbeatResult
+//	POST   /v1/workers/{id}/release     ReleaseParams        → 204
+//	DELETE /v1/workers/{id}                                  → 204
+//
+// An error is answered with {"error": {"code", "message", "field"}} and a
+// 4xx or 5xx status; a worker that gets 404 for its id (its lease expired
+// and the server forgot it) registers again. openapi.yaml at the root of
+// the repository documents every route and schema; the JSON names in the
+// struct tags here are the contract, and a test keeps the two equal.
+//
+// Encoding rules that hold for every type here:
+//
+//   - Durations are JSON strings in Go's duration syntax ("1.5s", "250ms",
+//     "1h2m"); a number is rejected, so units are never guessed. See
+//     Duration.
+//   - Times are RFC 3339 strings with up to nanoseconds, as Go's time.Time
+//     writes them ("2026-11-25T06:00:00.123456Z").
+//   - Inputs and outputs are any JSON value, passed through verbatim.
+//   - A field tagged omitempty may be absent; a reader treats absent as the
+//     zero value. Requests are read strictly (unknown, duplicate or
+//     wrongly-cased names are rejected, naming the field); answers should
+//     be read leniently, since a newer server may add fields.
+//
+// The sluice Go package re-exports every type here under the same name
+// (sluice.ClaimedTask is protocol.ClaimedTask), so Go programs need not
+// import this package.
+package protocol
