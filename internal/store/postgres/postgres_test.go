@@ -56,6 +56,29 @@ func migrateAtOnce(t *testing.T, sts ...*postgres.Store) {
 	require.ElementsMatch(t, postgres.Migrations(), all, "each migration applied once")
 }
 
+// TestPostgresConformance runs the store conformance suite
+// (internal/store/storetest), each test on a schema of its own, recording
+// the statements its write transactions send for TestPostgresGenericPlans
+// (plans_test.go).
+func TestPostgresConformance(t *testing.T) {
+	pgtest.BaseURL(t)
+	storetest.Run(t, newStore(suiteWrites))
+}
+
+// newStore returns the conformance suite's constructor: a migrated store
+// on a schema of its own, whose write statements w records.
+func newStore(w *writeStatements) storetest.NewStore {
+	return func(t *testing.T) store.Store {
+		st, err := postgres.Open(context.Background(), pgtest.URL(t), postgres.WithTracer(w))
+		require.NoError(t, err)
+		t.Cleanup(func() { st.Close() })
+		_, err = st.Migrate(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(func() { w.end(t) })
+		return st
+	}
+}
+
 func TestPostgresTwoReplicas(t *testing.T) {
 	pgtest.BaseURL(t)
 	storetest.RunReplicas(t, newReplicas)

@@ -16,14 +16,24 @@ import (
 // same transaction. The tests in this file pin depth 1 (one successor per
 // chain), where each rule is seen alone; handover_chain.go tests depth 2,
 // the default.
+var handoverTests = tests{
+	"HandoverPassesSlot":    testHandoverPassesSlot,
+	"HandoverOptIn":         testHandoverOptIn,
+	"HandoverReleases":      testHandoverReleases,
+	"HandoverPauseCancel":   testHandoverPauseCancel,
+	"HandoverHeartbeat":     testHandoverHeartbeat,
+	"HandoverOff":           testHandoverOff,
+	"HandoverRetried":       testHandoverRetried,
+	"HandoverPausedRelease": testHandoverPausedRelease,
+}
 
-func (h *h) handoverQueue(name string, limit int) {
+func (h *testBundle) handoverQueue(name string, limit int) {
 	h.t.Helper()
 	_, _, err := h.st.PutQueue(h.ctx, name, sluice.QueueParams{ConcurrencyLimit: intp(limit), Handover: true})
 	require.NoError(h.t, err)
 }
 
-func (h *h) handoverWorker(id string, slots int, kinds ...string) {
+func (h *testBundle) handoverWorker(id string, slots int, kinds ...string) {
 	h.t.Helper()
 	require.NoError(h.t, h.st.RegisterWorker(h.ctx, store.Worker{ID: id, Name: id, Kinds: kinds, Slots: slots, Lease: 30 * time.Second, Handover: true}))
 }
@@ -46,7 +56,7 @@ func SplitReserved(cs []sluice.ClaimedTask) (run []sluice.ClaimedTask, next map[
 // handoverChain makes queue q (limit 1, handover) with three tasks and
 // worker w (handover), which claims the first with the second reserved
 // after it.
-func (h *h) handoverChain() (tasks []*sluice.Task, run []sluice.ClaimedTask, next map[int64]sluice.ClaimedTask) {
+func (h *testBundle) handoverChain() (tasks []*sluice.Task, run []sluice.ClaimedTask, next map[int64]sluice.ClaimedTask) {
 	h.t.Helper()
 	h.handoverQueue("q", 1)
 	tasks = h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
@@ -59,7 +69,7 @@ func (h *h) handoverChain() (tasks []*sluice.Task, run []sluice.ClaimedTask, nex
 
 // completeNext reports results (and claims nothing: Max 0) as a worker
 // does whose handler ends, and returns the acks and reserved successors.
-func (h *h) completeNext(worker string, rs ...sluice.TaskResult) ([]sluice.ResultAck, []sluice.ClaimedTask) {
+func (h *testBundle) completeNext(worker string, rs ...sluice.TaskResult) ([]sluice.ResultAck, []sluice.ClaimedTask) {
 	h.t.Helper()
 	acks, _, got, err := h.st.CompleteClaim(h.ctx, worker, rs, noBackoff, store.ClaimSpec{Lease: 30 * time.Second})
 	require.NoError(h.t, err)
@@ -78,7 +88,7 @@ func asRunning(c sluice.ClaimedTask) sluice.ClaimedTask {
 }
 
 func testHandoverPassesSlot(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 2)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"},
@@ -146,7 +156,7 @@ func testHandoverPassesSlot(t *testing.T, ns NewStore) {
 }
 
 // more0 is task id as its worker runs it (attempt 1).
-func more0(t *testing.T, id int64, h *h) sluice.ClaimedTask {
+func more0(t *testing.T, id int64, h *testBundle) sluice.ClaimedTask {
 	t.Helper()
 	task := h.get(id)
 	require.Equal(t, sluice.StateRunning, task.State)
@@ -156,7 +166,7 @@ func more0(t *testing.T, id int64, h *h) sluice.ClaimedTask {
 // Only a worker and a queue that both have it on, and only while the
 // sub-queue is limited with tasks waiting.
 func testHandoverOptIn(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	_, _, err := h.st.PutQueue(h.ctx, "plain", sluice.QueueParams{ConcurrencyLimit: intp(1)})
 	require.NoError(t, err)
@@ -182,7 +192,7 @@ func testHandoverOptIn(t *testing.T, ns NewStore) {
 // Every way a task stops running other than handing over returns its
 // successor to the wait list, where the refill finds it.
 func testHandoverReleases(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 1)
 	var nts []store.NewTask
@@ -276,7 +286,7 @@ func testHandoverReleases(t *testing.T, ns NewStore) {
 // its predecessor ends, but nothing new is reserved while paused;
 // deadlines wait for its predecessor; a cancel ends it at once.
 func testHandoverPauseCancel(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 1)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second},
@@ -326,7 +336,7 @@ func testHandoverPauseCancel(t *testing.T, ns NewStore) {
 // Held they are not lost; left out after their claim settled they are
 // orphans, and releasing them returns them to the wait list.
 func testHandoverHeartbeat(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 1)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
@@ -387,7 +397,7 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 // Switching handover off returns the queue's reserved tasks to the wait
 // list; a hand-over to one is then lost.
 func testHandoverOff(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
@@ -406,7 +416,7 @@ func testHandoverOff(t *testing.T, ns NewStore) {
 // finds its results stale; the successors they named run on the worker
 // already, so the hand-over stands ("started"), and nothing moves again.
 func testHandoverRetried(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	p, s := run[0], next[run[0].ID]
@@ -426,7 +436,7 @@ func testHandoverRetried(t *testing.T, ns NewStore) {
 // A reserved task released while its queue is paused is paused like every
 // waiting task of the queue, and resume returns it to the wait list.
 func testHandoverPausedRelease(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)

@@ -15,10 +15,22 @@ import (
 // brings a chain's next task has two task lengths to arrive instead of
 // one. Whatever takes a reserved task back takes the rest of its chain
 // back with it.
+var handoverChainTests = tests{
+	"HandoverChain":                testHandoverChain,
+	"HandoverChainShort":           testHandoverChainShort,
+	"HandoverChainReleases":        testHandoverChainReleases,
+	"HandoverDepthOne":             testHandoverDepthOne,
+	"HandoverChainOneBatch":        testHandoverChainOneBatch,
+	"HandoverChainOneBatchStale":   testHandoverChainOneBatchStale,
+	"HandoverChainOneBatchRetried": testHandoverChainOneBatchRetried,
+	"HandoverChainLeaseExpired":    testHandoverChainLeaseExpired,
+	"HandoverChainDeregistered":    testHandoverChainDeregistered,
+	"HandoverChainGonePaused":      testHandoverChainGonePaused,
+}
 
 // chainQueue makes queue q (limit 1, handover) with n tasks and worker w
 // (handover), at the default depth.
-func (h *h) chainQueue(n int) []*sluice.Task {
+func (h *testBundle) chainQueue(n int) []*sluice.Task {
 	h.t.Helper()
 	h.handoverQueue("q", 1)
 	nts := make([]store.NewTask, n)
@@ -32,7 +44,7 @@ func (h *h) chainQueue(n int) []*sluice.Task {
 
 // claimChain claims for w and returns the task to run and its chain, in
 // order, checking each successor follows the one before it.
-func (h *h) claimChain() (sluice.ClaimedTask, []sluice.ClaimedTask) {
+func (h *testBundle) claimChain() (sluice.ClaimedTask, []sluice.ClaimedTask) {
 	h.t.Helper()
 	got := h.claim("w", 10)
 	require.NotEmpty(h.t, got)
@@ -49,7 +61,7 @@ func (h *h) claimChain() (sluice.ClaimedTask, []sluice.ClaimedTask) {
 
 // notReserved checks tasks went back to the wait list: not reserved, no
 // worker, no predecessor.
-func (h *h) notReserved(ids ...int64) {
+func (h *testBundle) notReserved(ids ...int64) {
 	h.t.Helper()
 	for _, id := range ids {
 		task := h.get(id)
@@ -60,7 +72,7 @@ func (h *h) notReserved(ids ...int64) {
 }
 
 func testHandoverChain(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	tasks := h.chainQueue(6)
 	p, chain := h.claimChain()
 	require.Equal(t, tasks[0].ID, p.ID)
@@ -118,7 +130,7 @@ func testHandoverChain(t *testing.T, ns NewStore) {
 // arrive; a result naming the second successor instead of the first is
 // lost, and the chain goes back.
 func testHandoverChainShort(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	tasks := h.chainQueue(2)
 	p, chain := h.claimChain()
 	require.Equal(t, []int64{tasks[1].ID}, ids(chain), "one task waiting: one successor")
@@ -142,7 +154,7 @@ func testHandoverChainShort(t *testing.T, ns NewStore) {
 // Every way a chain's running task or first successor stops without a
 // hand-over takes the rest of the chain back.
 func testHandoverChainReleases(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	tasks := h.chainQueue(9)
 
 	// Release of the running task: it is ready again, its chain queued.
@@ -215,7 +227,7 @@ func testHandoverChainReleases(t *testing.T, ns NewStore) {
 
 // Depth 1 keeps one successor per chain (SetHandoverDepth).
 func testHandoverDepthOne(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
 	tasks := h.chainQueue(4)
 	p, chain := h.claimChain()
@@ -246,7 +258,7 @@ func chainResults(p sluice.ClaimedTask, chain []sluice.ClaimedTask) []sluice.Tas
 // nothing stays reserved after the ended tasks. A chain's results need
 // not wait for the answer to the call carrying the one before.
 func testHandoverChainOneBatch(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	tasks := h.chainQueue(7)
 	p, chain := h.claimChain()
 	require.Len(t, chain, 2)
@@ -300,7 +312,7 @@ func testHandoverChainOneBatch(t *testing.T, ns NewStore) {
 // the worker and are dropped, and nothing stays reserved or counted for
 // the worker.
 func testHandoverChainOneBatchStale(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	h.handoverQueue("q", 1)
 	nt := store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 5, Timeout: 5 * time.Second}
 	tasks := h.enqueue(nt, nt, nt, nt)
@@ -334,7 +346,7 @@ func testHandoverChainOneBatchStale(t *testing.T, ns NewStore) {
 // would stop what runs on the slot, here the task the chain's last
 // result handed over to, which the server has running for it).
 func testHandoverChainOneBatchRetried(t *testing.T, ns NewStore) {
-	h := newH(t, ns)
+	h := setup(t, ns)
 	tasks := h.chainQueue(6)
 	p, chain := h.claimChain()
 	require.Len(t, chain, 2)
@@ -380,7 +392,7 @@ func testHandoverChainOneBatchRetried(t *testing.T, ns NewStore) {
 // max_attempts 1 they still run, once, on another worker. Another
 // worker's chain is left alone.
 func testHandoverChainLeaseExpired(t *testing.T, ns NewStore) {
-	goneWorkerChain(t, ns, false, func(h *h) {
+	goneWorkerChain(t, ns, false, func(h *testBundle) {
 		// The other worker's lease is renewed past the sweep.
 		h.tick(31 * time.Second)
 		_, _, _, err := h.st.Heartbeat(h.ctx, "live", sluice.HeartbeatParams{}, 30*time.Second)
@@ -392,7 +404,7 @@ func testHandoverChainLeaseExpired(t *testing.T, ns NewStore) {
 }
 
 func testHandoverChainDeregistered(t *testing.T, ns NewStore) {
-	goneWorkerChain(t, ns, false, func(h *h) {
+	goneWorkerChain(t, ns, false, func(h *testBundle) {
 		_, err := h.st.DeregisterWorker(h.ctx, "w", noBackoff)
 		require.NoError(h.t, err)
 	}, store.DeregisteredReason)
@@ -401,7 +413,7 @@ func testHandoverChainDeregistered(t *testing.T, ns NewStore) {
 // The same with the queue paused while the chain waits: the reserved
 // tasks go to paused (from queued), and resume returns them.
 func testHandoverChainGonePaused(t *testing.T, ns NewStore) {
-	goneWorkerChain(t, ns, true, func(h *h) {
+	goneWorkerChain(t, ns, true, func(h *testBundle) {
 		h.tick(31 * time.Second)
 		_, _, _, err := h.st.Heartbeat(h.ctx, "live", sluice.HeartbeatParams{}, 30*time.Second)
 		require.NoError(h.t, err)
@@ -413,8 +425,8 @@ func testHandoverChainGonePaused(t *testing.T, ns NewStore) {
 // goneWorkerChain has worker w claim P with S1 → S2 reserved behind it
 // (depth 2, queue limit 1, max_attempts 1), makes w go (gone), checks
 // what became of the chain, and runs S1 and S2 on another worker.
-func goneWorkerChain(t *testing.T, ns NewStore, paused bool, gone func(h *h), reason string) {
-	h := newH(t, ns)
+func goneWorkerChain(t *testing.T, ns NewStore, paused bool, gone func(h *testBundle), reason string) {
+	h := setup(t, ns)
 	h.handoverQueue("q", 1)
 	nt := store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 1}
 	tasks := h.enqueue(nt, nt, nt)

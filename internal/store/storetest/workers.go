@@ -1,0 +1,73 @@
+package storetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// Workers: releasing tasks, deregistering, and the kinds no worker serves.
+var workerTests = tests{
+	"Release":    testRelease,
+	"Deregister": testDeregister,
+	"Shortfall":  testShortfall,
+}
+
+func testRelease(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	tasks := h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	_, err := h.st.Release(h.ctx, "w", ids(c))
+	require.NoError(t, err)
+	got := h.get(tasks[0].ID)
+	require.Equal(t, sluice.StateReady, got.State)
+	require.Equal(t, 0, got.Attempt, "a release is not an attempt")
+	c2 := h.claim("w", 10)
+	require.Len(t, c2, 2)
+	require.Equal(t, 1, c2[0].Attempt)
+	h.counters()
+}
+
+func testDeregister(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	task := h.enqueue(store.NewTask{Kind: "k"})[0]
+	h.worker("w", 10, "k")
+	h.claim("w", 10)
+	_, err := h.st.DeregisterWorker(h.ctx, "w", noBackoff)
+	require.NoError(t, err)
+	got := h.get(task.ID)
+	require.Equal(t, sluice.StateReady, got.State)
+	require.Equal(t, 1, got.Attempt)
+	has, err := h.st.KindHasWorker(h.ctx, "k")
+	require.NoError(t, err)
+	require.False(t, has)
+	h.counters()
+}
+
+func testShortfall(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "resize", Queue: "q"}, store.NewTask{Kind: "resize", Queue: "q"}, store.NewTask{Kind: "mail"})
+	sf, err := h.st.Shortfall(h.ctx)
+	require.NoError(t, err)
+	// Only ready tasks count: the second resize waits for the queue's
+	// limit, not for a worker.
+	require.Equal(t, []store.Shortfall{{Queue: "mail", Kind: "mail", Waiting: 1}, {Queue: "q", Kind: "resize", Waiting: 1}}, sf)
+	h.worker("w", 1, "resize")
+	sf, err = h.st.Shortfall(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []store.Shortfall{{Queue: "mail", Kind: "mail", Waiting: 1}}, sf, "a worker with free slots covers resize")
+	h.claim("w", 1)
+	_, _, _, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 0}, 30*time.Second)
+	require.NoError(t, err)
+	h.enqueue(store.NewTask{Kind: "resize"})
+	sf, err = h.st.Shortfall(h.ctx)
+	require.NoError(t, err)
+	require.Contains(t, sf, store.Shortfall{Queue: "resize", Kind: "resize", Waiting: 1}, "the only resize worker is full")
+}
