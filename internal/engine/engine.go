@@ -1,8 +1,8 @@
 // Package engine is the sluice engine: it validates requests, calls the
 // store (where flow control is enforced transactionally), wakes
 // long-polling workers when tasks become ready, explains waiting tasks and
-// runs the background services (scheduler, lease and timeout sweeper,
-// dispatch-deadline expiry).
+// runs the background services (lease sweeper, scheduler, retention,
+// provisioner, leader election: services.go).
 package engine
 
 import (
@@ -158,18 +158,21 @@ type Engine struct {
 	st      store.Store
 	cfg     Config
 	log     *slog.Logger
-	disp    *dispatcher   // wakes long-polling claims
-	kick    chan struct{} // scheduler: something was scheduled
+	disp    *dispatcher // wakes long-polling claims
 	metrics *Metrics
 	enq     *enqueuer // group commit of concurrent triggers
 
+	// The background services (services.go). listener and leader are
+	// nil unless the store is shared (store.Notifier, store.Leader).
+	sweeper     *leaseSweeper
+	scheduler   *scheduler
+	retention   *retention
+	provisioner *provisioner
+	listener    *listener
+	leader      *leader
+
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
-	// lastProvision is when the provisioner hook was last called.
-	lastProvision time.Time
-
-	bgCancel context.CancelFunc
-	bgDone   sync.WaitGroup
 }
 
 var _ sluice.Backend = (*Engine)(nil)
@@ -185,14 +188,15 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 	m := newMetrics(st)
 	enq := newEnqueuer(st, groupMaxTasks)
 	enq.onGroup = func(calls int) { m.triggerGroup.Observe(float64(calls)) }
-	return &Engine{
+	e := &Engine{
 		st: st, cfg: cfg, log: cfg.Logger,
 		disp:    newDispatcher(cfg.Dispatch),
-		kick:    make(chan struct{}, 1),
 		metrics: m,
 		enq:     enq,
 		cancels: map[string][]int64{},
-	}, nil
+	}
+	e.newServices()
+	return e, nil
 }
 
 // Config returns the effective configuration.
@@ -217,12 +221,8 @@ func (e *Engine) after(o store.Outcome) {
 	e.disp.changed()
 }
 
-func (e *Engine) kickScheduler() {
-	select {
-	case e.kick <- struct{}{}:
-	default:
-	}
-}
+// kickScheduler wakes the scheduler: a task was scheduled.
+func (e *Engine) kickScheduler() { e.scheduler.kick() }
 
 // Ready reports whether the engine can serve (the database answers).
 func (e *Engine) Ready(ctx context.Context) error {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"sync"
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/store"
@@ -37,49 +38,85 @@ type ProvisionRequest struct {
 	Shortfall []store.Shortfall `json:"shortfall"`
 }
 
-// ProvisionOnce checks for a shortfall and, if there is one and the last
-// call is at least Interval ago, calls the hook. It reports whether it
-// called; a failing hook is logged and counted, not returned.
-func (e *Engine) ProvisionOnce(ctx context.Context) (bool, error) {
-	pc := e.cfg.Provisioner
-	if !pc.enabled() {
+// provisioner calls the provisioner hook (ProvisionerConfig) while ready
+// tasks wait with no free worker capacity for their kind.
+type provisioner struct {
+	serviceBase
+	cfg  ProvisionerConfig
+	deps serviceDeps
+	// checkEvery is the time between two checks for a shortfall
+	// (Config.SweepInterval); cfg.Interval is the least time between two
+	// calls of the hook.
+	checkEvery time.Duration
+	passed     testSignal // a pass of the loop ended
+
+	mu       sync.Mutex
+	lastCall time.Time // zero: never called
+}
+
+func newProvisioner(deps serviceDeps, cfg ProvisionerConfig, checkEvery time.Duration) *provisioner {
+	return &provisioner{serviceBase: serviceBase{name: "provisioner", log: deps.log}, cfg: cfg, deps: deps, checkEvery: checkEvery}
+}
+
+// Start checks for a shortfall every SweepInterval until stopped.
+func (p *provisioner) Start(ctx context.Context) error {
+	p.start(ctx, func(stop, work context.Context) {
+		p.every(stop, work, p.checkEvery, func(ctx context.Context) error {
+			_, err := p.runOnce(ctx)
+			return err
+		}, &p.passed)
+	})
+	return nil
+}
+
+// runOnce checks for a shortfall and, if there is one and the last call
+// is at least Interval ago, calls the hook. It reports whether it called;
+// a failing hook is logged and counted, not returned.
+func (p *provisioner) runOnce(ctx context.Context) (bool, error) {
+	if !p.cfg.enabled() {
 		return false, nil
 	}
-	now := e.now()
-	e.mu.Lock()
-	due := e.lastProvision.IsZero() || now.Sub(e.lastProvision) >= pc.Interval
-	e.mu.Unlock()
+	now := p.deps.now()
+	p.mu.Lock()
+	due := p.lastCall.IsZero() || now.Sub(p.lastCall) >= p.cfg.Interval
+	p.mu.Unlock()
 	if !due {
 		return false, nil
 	}
-	sf, err := e.st.Shortfall(ctx)
+	sf, err := p.deps.st.Shortfall(ctx)
 	if err != nil || len(sf) == 0 {
 		return false, err
 	}
-	e.mu.Lock()
-	e.lastProvision = now
-	e.mu.Unlock()
+	p.mu.Lock()
+	p.lastCall = now
+	p.mu.Unlock()
 	body, _ := json.Marshal(ProvisionRequest{At: now.UTC(), Shortfall: sf})
-	cctx, cancel := context.WithTimeout(ctx, pc.Timeout)
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	if pc.Command != "" {
-		e.callHook(cctx, "command", func(ctx context.Context) error { return runHookCommand(ctx, pc.Command, body) })
+	if p.cfg.Command != "" {
+		p.callHook(cctx, "command", func(ctx context.Context) error { return runHookCommand(ctx, p.cfg.Command, body) })
 	}
-	if pc.URL != "" {
-		e.callHook(cctx, "url", func(ctx context.Context) error { return postHook(ctx, pc.URL, body) })
+	if p.cfg.URL != "" {
+		p.callHook(cctx, "url", func(ctx context.Context) error { return postHook(ctx, p.cfg.URL, body) })
 	}
 	return true, nil
 }
 
-func (e *Engine) callHook(ctx context.Context, kind string, fn func(context.Context) error) {
+func (p *provisioner) callHook(ctx context.Context, kind string, fn func(context.Context) error) {
 	if err := fn(ctx); err != nil {
-		e.metrics.provisioner.WithLabelValues(kind, "error").Inc()
-		e.log.Error("provisioner hook failed", "hook", kind, "err", err)
+		p.deps.metrics.provisioner.WithLabelValues(kind, "error").Inc()
+		p.log.Error("provisioner hook failed", "hook", kind, "err", err)
 		return
 	}
-	e.metrics.provisioner.WithLabelValues(kind, "ok").Inc()
-	e.log.Info("provisioner hook called", "hook", kind)
+	p.deps.metrics.provisioner.WithLabelValues(kind, "ok").Inc()
+	p.log.Info("provisioner hook called", "hook", kind)
 }
+
+// ProvisionOnce runs one pass of the provisioner now: if ready tasks wait
+// with no free worker capacity for their kind and the last call is at
+// least Interval ago, it calls the hook. It reports whether it called; a
+// failing hook is logged and counted, not returned.
+func (e *Engine) ProvisionOnce(ctx context.Context) (bool, error) { return e.provisioner.runOnce(ctx) }
 
 func runHookCommand(ctx context.Context, command string, body []byte) error {
 	cmd := exec.CommandContext(ctx, "sh", "-c", command)

@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// schedulerConfig configures the scheduler.
+type schedulerConfig struct {
+	// MaxWait is the longest the scheduler sleeps between two passes, so
+	// tasks another server scheduled are seen. 1s.
+	MaxWait time.Duration
+}
+
+// scheduler moves scheduled tasks on when they are due (delayed tasks
+// and retries after their backoff): it sleeps until the earliest run_at
+// (at most MaxWait) and wakes early when a task is scheduled here (kick).
+type scheduler struct {
+	serviceBase
+	cfg    schedulerConfig
+	deps   serviceDeps
+	kicks  chan struct{} // something was scheduled
+	passed testSignal    // a pass of the loop ended
+}
+
+func newScheduler(deps serviceDeps, cfg schedulerConfig) *scheduler {
+	return &scheduler{serviceBase: serviceBase{name: "scheduler", log: deps.log}, cfg: cfg, deps: deps, kicks: make(chan struct{}, 1)}
+}
+
+// kick wakes the scheduler: a task was scheduled, maybe earlier than the
+// one it sleeps for. It never blocks, and a kick while the scheduler is
+// stopped waits for its start.
+func (s *scheduler) kick() {
+	select {
+	case s.kicks <- struct{}{}:
+	default:
+	}
+}
+
+// Start promotes due tasks at once, then whenever the next is due or a
+// kick comes, until stopped.
+func (s *scheduler) Start(ctx context.Context) error {
+	s.start(ctx, s.run)
+	return nil
+}
+
+func (s *scheduler) run(stop, work context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop.Done():
+			return
+		case <-timer.C:
+		case <-s.kicks:
+		}
+		next, err := s.runOnce(work)
+		if err != nil && work.Err() == nil {
+			s.log.Error("scheduler failed", "err", err)
+		}
+		s.passed.signal()
+		wait := s.cfg.MaxWait
+		if !next.IsZero() {
+			wait = min(wait, max(time.Millisecond, next.Sub(s.deps.now())))
+		}
+		timer.Reset(wait) // since Go 1.23, no stale tick survives a Reset
+	}
+}
+
+// runOnce moves every due scheduled task on and returns when the next
+// one is due (zero if none).
+func (s *scheduler) runOnce(ctx context.Context) (time.Time, error) {
+	for {
+		n, next, o, err := s.deps.st.PromoteDue(ctx, sweepBatch)
+		if err != nil {
+			return time.Time{}, err
+		}
+		s.deps.passed(n, o)
+		if n < sweepBatch || s.stopRequested() {
+			return next, nil
+		}
+	}
+}
+
+// PromoteDueOnce runs one pass of the scheduler now: it moves every due
+// scheduled task on and returns when the next one is due (zero if none).
+func (e *Engine) PromoteDueOnce(ctx context.Context) (time.Time, error) {
+	return e.scheduler.runOnce(ctx)
+}
