@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/engine"
 )
 
 // Config configures a Server. Zero values take the documented defaults.
@@ -63,7 +63,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// WithDefaults returns c with zero fields set to their defaults.
+// WithDefaults returns c with zero fields set to their defaults. The
+// engine's settings take the engine's own defaults (engine.Config): each
+// default is written once, where the setting is used.
 func (c Config) WithDefaults() Config {
 	if c.Addr == "" {
 		c.Addr = "127.0.0.1:8080"
@@ -71,34 +73,39 @@ func (c Config) WithDefaults() Config {
 	if c.DB == "" {
 		c.DB = "sqlite:sluice.db"
 	}
-	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
-	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = time.Second
-	}
-	if c.Dispatch == "" {
-		c.Dispatch = "spread"
-	}
-	if c.HandoverDepth == 0 {
-		c.HandoverDepth = store.HandoverDepth
-	}
-	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
-	}
-	if c.ProvisionerInterval == 0 {
-		c.ProvisionerInterval = 30 * time.Second
-	}
+	d := c.engineConfig().WithDefaults()
+	c.Lease, c.SweepInterval, c.Dispatch = d.Lease, d.SweepInterval, string(d.Dispatch)
+	c.HandoverDepth, c.Retention, c.ProvisionerInterval = d.HandoverDepth, d.Retention, d.Provisioner.Interval
+	c.Logger = d.Logger
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return c
 }
 
-// Validate reports the first bad setting, naming it.
+// engineConfig maps the engine's settings onto engine.Config: the one
+// place they are copied.
+func (c Config) engineConfig() engine.Config {
+	return engine.Config{
+		Lease:         c.Lease,
+		MaxRunning:    c.MaxRunning,
+		MaxActive:     c.MaxActive,
+		SweepInterval: c.SweepInterval,
+		Dispatch:      engine.Dispatch(c.Dispatch),
+		HandoverDepth: c.HandoverDepth,
+		Retention:     c.Retention,
+		Provisioner: engine.ProvisionerConfig{
+			Command:  c.ProvisionerCommand,
+			URL:      c.ProvisionerURL,
+			Interval: c.ProvisionerInterval,
+		},
+		Logger: c.Logger,
+	}
+}
+
+// Validate reports the first bad setting, naming it. What the engine
+// checks of its own settings (engine.Config.Validate) it checks there;
+// this adds the server's and the bounds a deployment needs.
 func (c Config) Validate() error {
 	switch {
 	case !strings.HasPrefix(c.DB, "sqlite:") && !isPostgres(c.DB):
@@ -111,10 +118,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("lease: must be at least 1s, got %s", c.Lease)
 	case c.SweepInterval <= 0 || c.SweepInterval > c.Lease:
 		return fmt.Errorf("sweep-interval: must be > 0 and ≤ lease (%s), got %s", c.Lease, c.SweepInterval)
-	case c.Dispatch != "spread" && c.Dispatch != "pack":
-		return fmt.Errorf("dispatch: want spread or pack, got %q", c.Dispatch)
-	case c.HandoverDepth < 1 || c.HandoverDepth > store.HandoverDepth:
-		return fmt.Errorf("handover-depth: want 1 or %d, got %d", store.HandoverDepth, c.HandoverDepth)
 	case c.ProvisionerInterval < time.Second:
 		return fmt.Errorf("provisioner-interval: must be at least 1s, got %s", c.ProvisionerInterval)
 	case c.ProvisionerURL != "" && !validHookURL(c.ProvisionerURL):
@@ -128,7 +131,7 @@ func (c Config) Validate() error {
 	case c.AdminToken != "" && c.AdminToken == c.WorkerToken:
 		return fmt.Errorf("worker-token: must differ from admin-token")
 	}
-	return nil
+	return c.engineConfig().WithDefaults().Validate()
 }
 
 func validHookURL(s string) bool {

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/engine"
 	"github.com/sluice-dev/sluice/internal/httpapi"
+	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/postgres"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
@@ -61,21 +62,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			cfg.Logger.Info("applied migrations", "migrations", applied)
 		}
 	}
-	eng, err := engine.New(st, engine.Config{
-		Lease:         cfg.Lease,
-		MaxRunning:    cfg.MaxRunning,
-		MaxActive:     cfg.MaxActive,
-		SweepInterval: cfg.SweepInterval,
-		Dispatch:      engine.Dispatch(cfg.Dispatch),
-		HandoverDepth: cfg.HandoverDepth,
-		Retention:     cfg.Retention,
-		Provisioner: engine.ProvisionerConfig{
-			Command:  cfg.ProvisionerCommand,
-			URL:      cfg.ProvisionerURL,
-			Interval: cfg.ProvisionerInterval,
-		},
-		Logger: cfg.Logger,
-	})
+	eng, err := engine.New(st, cfg.engineConfig())
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -95,8 +82,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 // Backend is the in-process sluice.Backend (no HTTP).
 func (s *Server) Backend() sluice.Backend { return s.eng }
 
-// Engine is the engine (for benchmarks and tests in this module).
-func (s *Server) Engine() *engine.Engine { return s.eng }
+func init() {
+	// The engine, for the repository's tests and benchmarks (internal/inspect).
+	inspect.Register(func(srv any) *engine.Engine { return srv.(*Server).eng })
+}
 
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler { return s.handler }

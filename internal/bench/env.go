@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/engine"
+	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -90,7 +91,7 @@ func newEnv(ctx context.Context, cfg *Config, name string, o envOptions) (_ *env
 	if err != nil {
 		return nil, fmt.Errorf("opening server: %w", err)
 	}
-	e.eng = e.srv.Engine()
+	e.eng = inspect.Engine(e.srv)
 	if err := e.srv.Start(ctx); err != nil {
 		return nil, fmt.Errorf("starting server: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -128,7 +129,7 @@ func workerConfig(name string, slots int) sluice.WorkerConfig {
 // capacity is idle while work waits.
 func (h *harness) checkCounters() {
 	h.t.Helper()
-	bad, err := h.srv.Engine().Store().CheckCounters(h.ctx)
+	bad, err := inspect.Engine(h.srv).Store().CheckCounters(h.ctx)
 	require.NoError(h.t, err)
 	require.Empty(h.t, bad, "store counters")
 }
@@ -140,7 +141,7 @@ func (h *harness) waitIdle(timeout time.Duration) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		env, err := h.srv.Engine().Store().EnvStatus(h.ctx)
+		env, err := inspect.Engine(h.srv).Store().EnvStatus(h.ctx)
 		require.NoError(h.t, err)
 		if env.Active == 0 {
 			return

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/internal/ledger"
 	"github.com/sluice-dev/sluice/server"
 )
@@ -182,7 +183,7 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			bad, err := h.srv.Engine().Store().CheckCounters(checkCtx)
+			bad, err := inspect.Engine(h.srv).Store().CheckCounters(checkCtx)
 			if err != nil && checkCtx.Err() == nil {
 				checkErrs = append(checkErrs, err.Error())
 			}
@@ -302,7 +303,7 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 	checks.Wait()
 	require.Empty(t, checkErrs, "CheckCounters while running")
 	h.checkCounters()
-	env, err := h.srv.Engine().Store().EnvStatus(ctx)
+	env, err := inspect.Engine(h.srv).Store().EnvStatus(ctx)
 	require.NoError(t, err)
 	require.Zero(t, env.Running, "environment slots held after drain")
 	require.Zero(t, env.Active, "unfinished tasks after drain")
@@ -397,7 +398,7 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 		t.Errorf("recorded attempt times exceed the limit in %d of %d limited sub-queues, for up to %s", skewed, limited, worst)
 		// The skew is bounded by how long a claim waited for the write
 		// lock after reading the clock (the claim latency metric).
-		if mfs, err := h.srv.Engine().Metrics().Registry().Gather(); err == nil {
+		if mfs, err := inspect.Engine(h.srv).Metrics().Registry().Gather(); err == nil {
 			for _, mf := range mfs {
 				if mf.GetName() != "sluice_claim_latency_seconds" {
 					continue

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/internal/ledger"
 	"github.com/sluice-dev/sluice/server"
 )
@@ -134,7 +135,7 @@ func TestLostClaimAnswerIsReleased(t *testing.T) {
 // metricValue reads a counter or gauge of the harness's server.
 func metricValue(t *testing.T, h *harness, name string) float64 {
 	t.Helper()
-	mfs, err := h.srv.Engine().Metrics().Registry().Gather()
+	mfs, err := inspect.Engine(h.srv).Metrics().Registry().Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
 		if mf.GetName() == name {
