@@ -7,8 +7,14 @@
 // is never left idle, and a claim only ever reads ready tasks — a task
 // blocked by a limit is queued, and no claim scans queued tasks (S-ST3).
 //
-// Implementations: internal/store/sqlite (and PostgreSQL next). Both pass
-// the conformance suite in internal/store/storetest.
+// Implementations: internal/store/sqlite and internal/store/postgres,
+// laid out file for file alike (txn, flow, claim, complete, attempt,
+// handover, sweep, queues, tasks, workers). They share the flow-control
+// core, internal/store/flow: the counter rows, the slot arithmetic and the
+// task transition table every state change goes through; and, in this
+// package, the backend-neutral rules (storeutil.go) and the Go half of the
+// reads (reads.go). Each supplies its SQL. Both pass the conformance suite
+// in internal/store/storetest.
 package store
 
 import (

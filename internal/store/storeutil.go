@@ -2,7 +2,11 @@ package store
 
 import (
 	"fmt"
+	"io/fs"
 	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -97,6 +101,15 @@ func ClaimBefore(aPriority int, aRank, aID int64, bPriority int, bRank, bID int6
 	return aID < bID
 }
 
+// Int64Ptr is p as *int64 (a nullable column's argument), nil if p is.
+func Int64Ptr(p *int) *int64 {
+	if p == nil {
+		return nil
+	}
+	v := int64(*p)
+	return &v
+}
+
 // JSONOrNull returns b, or JSON null when b is empty.
 func JSONOrNull(b []byte) []byte {
 	if len(b) == 0 {
@@ -144,4 +157,145 @@ func LaterAttempt(results []sluice.TaskResult, i int) int {
 		}
 	}
 	return 0
+}
+
+// Times are stored as unix microseconds.
+
+// US is t in unix microseconds.
+func US(t time.Time) int64 { return t.UnixMicro() }
+
+// FromUS is the UTC time of v unix microseconds.
+func FromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+// FromNullUS is FromUS of a nullable column (nil: NULL).
+func FromNullUS(v *int64) *time.Time {
+	if v == nil {
+		return nil
+	}
+	t := FromUS(*v)
+	return &t
+}
+
+// Clock is a store's clock (Store.SetClock); its zero value reads
+// time.Now.
+type Clock struct {
+	now atomic.Pointer[func() time.Time]
+}
+
+// Set replaces the clock.
+func (c *Clock) Set(now func() time.Time) { c.now.Store(&now) }
+
+// Now reads the clock.
+func (c *Clock) Now() time.Time {
+	if f := c.now.Load(); f != nil {
+		return (*f)()
+	}
+	return time.Now()
+}
+
+// MigrationNames lists the migrations embedded in fsys
+// (migrations/NNNN_name.sql), without directory and extension, in order.
+func MigrationNames(fsys fs.FS) []string {
+	names, _ := fs.Glob(fsys, "migrations/*.sql")
+	sort.Strings(names)
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
+	}
+	return names
+}
+
+// RunAtUS is when a new task may first run, in unix microseconds: RunAt
+// if it is after now, else now.
+func (nt *NewTask) RunAtUS(now int64) int64 {
+	if !nt.RunAt.IsZero() && US(nt.RunAt) > now {
+		return US(nt.RunAt)
+	}
+	return now
+}
+
+// DeadlineUS is a new task's dispatch deadline in unix microseconds, nil
+// if it has none.
+func (nt *NewTask) DeadlineUS(now int64) *int64 {
+	if nt.DispatchDeadline <= 0 {
+		return nil
+	}
+	d := now + nt.DispatchDeadline.Microseconds()
+	return &d
+}
+
+// Inserted is the task Enqueue returns for nt, inserted at now with id in
+// state (flow.Counters.Enter), to run at runAt.
+func (nt *NewTask) Inserted(id int64, state sluice.TaskState, runAt, now int64) *sluice.Task {
+	task := &sluice.Task{
+		ID: id, Kind: nt.Kind, Queue: nt.Queue, ConcurrencyKey: nt.ConcurrencyKey, Priority: nt.Priority,
+		State: state, MaxAttempts: nt.MaxAttempts, Input: JSONOrNull(nt.Input), Output: []byte("null"),
+		Timeout: sluice.Duration(nt.Timeout), RunAt: FromUS(runAt), DispatchDeadlineAt: FromNullUS(nt.DeadlineUS(now)),
+		IdempotencyKey: nt.IdempotencyKey, CreatedAt: FromUS(now), Attempts: []sluice.Attempt{},
+	}
+	if state == sluice.StatePaused {
+		task.PausedFrom = sluice.StateQueued
+	}
+	return task
+}
+
+// AttemptOutcome is how an attempt ended: a worker's result, a timeout,
+// or a gone worker.
+type AttemptOutcome struct {
+	OK         bool
+	Output     []byte
+	Err        string
+	NoRetry    bool
+	RetryAfter time.Duration // < 0: retry at once; 0: use Backoff
+	Backoff    Backoff
+}
+
+// End is where the attempt takes its task, by AttemptEnd and RetryDelay:
+// the task's next state — final, or for a retry scheduled at runAt (now
+// + the delay), or at once in wait, its queue's wait state (queued, or
+// paused) — and the state recorded for the attempt.
+func (o AttemptOutcome) End(attempt, maxAttempts int, cancelRequested bool, now int64, wait sluice.TaskState) (task, rec sluice.TaskState, runAt int64) {
+	task, rec = AttemptEnd(o.OK, cancelRequested, o.NoRetry, attempt, maxAttempts)
+	if task.Terminal() {
+		return task, rec, now
+	}
+	if delay := RetryDelay(o.RetryAfter, o.Backoff, attempt); delay > 0 {
+		return sluice.StateScheduled, rec, now + delay.Microseconds()
+	}
+	return wait, rec, now
+}
+
+// Replays sorts an Enqueue batch before admission: a task whose
+// idempotency key names an existing task (existing returns it, nil if
+// none) gets that task as its result, not created, and a task whose key
+// an earlier task of the batch has gets that one's result; replays are
+// never rejected. The others are fresh: their indexes, for the caller to
+// admit, insert and fill in results; done then fills in the in-batch
+// replays.
+func Replays(tasks []NewTask, results []EnqueueResult, existing func(key string) (*sluice.Task, error)) (fresh []int, done func(), err error) {
+	fresh = make([]int, 0, len(tasks))
+	seen := map[string]int{}
+	dups := map[int]int{} // index → index of the first with its key
+	for i, nt := range tasks {
+		if k := nt.IdempotencyKey; k != "" {
+			if j, ok := seen[k]; ok {
+				dups[i] = j
+				continue
+			}
+			seen[k] = i
+			task, err := existing(k)
+			if err != nil {
+				return nil, nil, err
+			}
+			if task != nil {
+				results[i] = EnqueueResult{Task: task}
+				continue
+			}
+		}
+		fresh = append(fresh, i)
+	}
+	return fresh, func() {
+		for i, j := range dups {
+			results[i] = EnqueueResult{Task: results[j].Task}
+		}
+	}, nil
 }

@@ -3,198 +3,93 @@ package postgres
 import (
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice"
-	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
-// This file is the flow-control core, the same as the SQLite store's
-// flow.go: slot counters, the refill that promotes queued tasks to ready,
-// and the end of an attempt. Every write transaction goes through a txn,
-// so the counters change only here.
+// This file is the store's side of flow control, as the SQLite store's
+// flow.go: the counter rows a write transaction holds (flow.Counters,
+// which moves them only through its transition table), their reads and
+// writes, and the refill that promotes queued tasks to ready.
 //
-// What differs from SQLite: the env row is read (and locked) by BEGIN's
-// round trip, not lazily; sub-queue and queue rows come joined to the task
+// What differs from SQLite: the env row is read and locked in BEGIN's
+// round trip (SQLite reads it first too, its one writer serialising
+// transactions); sub-queue and queue rows come joined to the task
 // rows that need them instead of one read each; counter writes are one
 // set-based statement per table, queued to go with the next round trip;
 // and the refill promotes from all the sub-queues of a step in one
 // statement.
 
-// envRow is the environment row, cached for the length of a transaction.
-type envRow struct {
-	maxRunning, running, active, vtime, rr int64
-	dirty                                  bool
-}
-
-func (e *envRow) hasRoom() bool { return e.maxRunning == 0 || e.running < e.maxRunning }
-
-// sqRow is a sub-queue (queue, concurrency key).
-type sqRow struct {
-	id                         int64
-	queue, ckey                string
-	lim                        *int64
-	paused                     bool
-	running, queued, rr, vtime int64
-	dirty                      bool
-}
-
-func (q *sqRow) hasRoom() bool { return q.lim == nil || q.running < *q.lim }
-
-// eligible is the predicate of subqueues_eligible (eligibleSQL).
-func (q *sqRow) eligible() bool { return q.queued > 0 && !q.paused && q.hasRoom() }
-
-// sqCols are a sub-queue's columns, table alias s; dest scans them.
+// sqCols are a sub-queue's columns, table alias s (flow.Subqueue.Dest).
 const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime`
 
-func (q *sqRow) dest() []any {
-	return []any{&q.id, &q.queue, &q.ckey, &q.lim, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime}
-}
-
-// queueRow is a queue.
-type queueRow struct {
-	name       string
-	limit      *int64
-	maxBacklog *int64
-	paused     bool
-	handover   bool // see store.Handover
-	active     int64
-	dirty      bool
-}
-
-// qCols are a queue's columns, table alias q; dest scans them.
+// qCols are a queue's columns, table alias q (flow.Queue.Dest).
 const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active`
 
-func (q *queueRow) dest() []any {
-	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active}
-}
-
-// useSQ returns the transaction's copy of a sub-queue just read, caching
-// it if it is the first. A cached copy wins: it may hold changes not yet
-// flushed. (Every writer holds the env lock, so a row read in this
-// transaction is otherwise current.)
-func (t *txn) useSQ(q *sqRow) *sqRow {
-	if c, ok := t.sqs[q.id]; ok {
-		return c
-	}
-	t.sqs[q.id] = q
-	t.sqByKey[[2]string{q.queue, q.ckey}] = q
-	return q
-}
-
-// useQueue is useSQ for queues.
-func (t *txn) useQueue(q *queueRow) *queueRow {
-	if c, ok := t.queues[q.name]; ok {
-		return c
-	}
-	t.queues[q.name] = q
-	return q
-}
-
 // subqueue returns the sub-queue by id.
-func (t *txn) subqueue(id int64) (*sqRow, error) {
-	if q, ok := t.sqs[id]; ok {
+func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {
+	if q := t.HeldSubqueue(id); q != nil {
 		return q, nil
 	}
-	q := &sqRow{}
-	found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.id = $1`, []any{id}, q.dest()...)
+	q := &flow.Subqueue{}
+	found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.id = $1`, []any{id}, q.Dest()...)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
 		return nil, fmt.Errorf("reading sub-queue %d: not found", id)
 	}
-	return t.useSQ(q), nil
+	return t.UseSubqueue(q), nil
 }
 
 // queue returns the queue, creating it unbounded if create is set.
-func (t *txn) queue(name string, create bool) (*queueRow, error) {
-	if q, ok := t.queues[name]; ok {
+func (t *txn) queue(name string, create bool) (*flow.Queue, error) {
+	if q := t.HeldQueue(name); q != nil {
 		return q, nil
 	}
 	if create {
 		t.exec("creating queue", `INSERT INTO queues (name, created_at, updated_at) VALUES ($1, $2, $2) ON CONFLICT (name) DO NOTHING`, name, t.now)
 	}
-	q := &queueRow{}
-	found, err := t.queryRow("reading queue", `SELECT `+qCols+` FROM queues q WHERE q.name = $1`, []any{name}, q.dest()...)
+	q := &flow.Queue{}
+	found, err := t.queryRow("reading queue", `SELECT `+qCols+` FROM queues q WHERE q.name = $1`, []any{name}, q.Dest()...)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
 		return nil, sluice.NotFound("queue %q not found", name)
 	}
-	return t.useQueue(q), nil
-}
-
-// take gives a slot of sq (and of the environment) to n tasks becoming
-// ready, and returns their fair-queueing rank.
-func (t *txn) take(sq *sqRow, n int64) int64 {
-	rank := max(sq.vtime+1, t.env.vtime)
-	sq.vtime = rank + n - 1
-	sq.running += n
-	t.env.rr++
-	sq.rr = t.env.rr
-	t.env.running += n
-	sq.dirty, t.env.dirty = true, true
-	t.readied += int(n)
-	return rank
-}
-
-// release gives back the slot of a task leaving ready or running.
-func (t *txn) release(sq *sqRow) {
-	sq.running--
-	t.env.running--
-	sq.dirty, t.env.dirty = true, true
-}
-
-// finish counts a task reaching a terminal state.
-func (t *txn) finish(q *queueRow) {
-	q.active--
-	t.env.active--
-	q.dirty, t.env.dirty = true, true
+	return t.UseQueue(q), nil
 }
 
 // flush queues the writes of the changed counters: at most one statement
 // per table.
 func (t *txn) flush() {
-	if e := t.env; e.dirty {
+	env, sqs, qs := t.Dirty()
+	if env != nil {
 		t.exec("writing env", `UPDATE env SET max_running = $1, running = $2, active = $3, vtime = $4, rr = $5 WHERE id = 1`,
-			e.maxRunning, e.running, e.active, e.vtime, e.rr)
-		e.dirty = false
+			env.MaxRunning(), env.Running(), env.Active(), env.VTime(), env.RR())
 	}
-	var ids, running, queued, rr, vtime []int64
-	for _, q := range t.sqs {
-		if q.dirty {
-			ids, running, queued, rr, vtime = append(ids, q.id), append(running, q.running), append(queued, q.queued), append(rr, q.rr), append(vtime, q.vtime)
-			q.dirty = false
+	if len(sqs) > 0 {
+		ids, running, queued, rr, vtime := make([]int64, len(sqs)), make([]int64, len(sqs)), make([]int64, len(sqs)), make([]int64, len(sqs)), make([]int64, len(sqs))
+		for i, q := range sqs {
+			ids[i], running[i], queued[i], rr[i], vtime[i] = q.ID(), q.Running(), q.Queued(), q.RR(), q.VTime()
 		}
-	}
-	if len(ids) > 0 {
 		t.exec("writing sub-queues", `UPDATE subqueues s SET running = v.running, queued = v.queued, rr = v.rr, vtime = v.vtime
 			FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) AS v(id, running, queued, rr, vtime)
 			WHERE s.id = v.id`, ids, running, queued, rr, vtime)
 	}
-	var names []string
-	var active []int64
-	for _, q := range t.queues {
-		if q.dirty {
-			names, active = append(names, q.name), append(active, q.active)
-			q.dirty = false
+	if len(qs) > 0 {
+		names, active := make([]string, len(qs)), make([]int64, len(qs))
+		for i, q := range qs {
+			names[i], active[i] = q.Name(), q.Active()
 		}
-	}
-	if len(names) > 0 {
 		t.exec("writing queues", `UPDATE queues q SET active = v.active FROM unnest($1::text[], $2::bigint[]) AS v(name, active)
 			WHERE q.name = v.name`, names, active)
 	}
 }
-
-// fillBatch caps how many tasks one refill step promotes from a sub-queue.
-const fillBatch = 1000
-
-// fillScan is how many eligible sub-queues one refill step reads.
-const fillScan = 64
 
 const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
 	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) ORDER BY s.rr LIMIT $1`
@@ -210,7 +105,7 @@ const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
 // memory (the env lock serialises writers, so its copies are the truth),
 // and a read of the others leaves them out: their counters are written
 // once, with the commit, not before each read. A read takes the next
-// fillScan eligible sub-queues by round-robin order; until a read comes
+// flow.FillScan eligible sub-queues by round-robin order; until a read comes
 // back short, a held sub-queue is served only up to where the last read
 // ended, so no unread one is passed over. Each read is one round trip,
 // carrying the previous steps' promotions; once a read came back short,
@@ -224,7 +119,7 @@ func (t *txn) fill() error {
 // own counter changes were written (queueEligible), so a refill's first
 // step needs no round trip of its own.
 type eligibleRead struct {
-	rows []*sqRow
+	rows []*flow.Subqueue
 }
 
 // queueEligible queues the read of the eligible sub-queues with the
@@ -241,13 +136,13 @@ const eligibleExceptSQL = `SELECT ` + sqCols + ` FROM subqueues s
 // (those this transaction holds, whose rows it has not written yet).
 func (t *txn) queueEligibleExcept(held []int64) *eligibleRead {
 	r := &eligibleRead{}
-	sql, args := eligibleSQL, []any{fillScan}
+	sql, args := eligibleSQL, []any{flow.FillScan}
 	if len(held) > 0 {
-		sql, args = eligibleExceptSQL, []any{fillScan, held}
+		sql, args = eligibleExceptSQL, []any{flow.FillScan, held}
 	}
 	t.queueQuery("refill", sql, args, func(rows pgx.Rows) error {
-		sq := &sqRow{}
-		if err := rows.Scan(sq.dest()...); err != nil {
+		sq := &flow.Subqueue{}
+		if err := rows.Scan(sq.Dest()...); err != nil {
 			return err
 		}
 		r.rows = append(r.rows, sq)
@@ -264,15 +159,15 @@ func (t *txn) queueEligibleExcept(held []int64) *eligibleRead {
 func (t *txn) refill(pre *eligibleRead) error {
 	more := true    // a read may have left eligible sub-queues out
 	var bound int64 // until a read comes back short: the last read's end
-	for t.env.hasRoom() {
+	for t.Env.HasRoom() {
 		if more {
-			var rows []*sqRow
+			var rows []*flow.Subqueue
 			if pre != nil {
 				rows, pre = pre.rows, nil
 			} else {
-				held := make([]int64, 0, len(t.sqs))
-				for id := range t.sqs {
-					held = append(held, id)
+				var held []int64
+				for sq := range t.Subqueues() {
+					held = append(held, sq.ID())
 				}
 				read := t.queueEligibleExcept(held)
 				t.notify()
@@ -281,15 +176,15 @@ func (t *txn) refill(pre *eligibleRead) error {
 				}
 				rows = read.rows
 			}
-			more = len(rows) >= fillScan
+			more = len(rows) >= flow.FillScan
 			for _, sq := range rows {
-				t.useSQ(sq) // held from now on, its copy the truth
-				bound = max(bound, sq.rr)
+				t.UseSubqueue(sq) // held from now on, its copy the truth
+				bound = max(bound, sq.RR())
 			}
 		}
-		var batch []*sqRow
-		for _, sq := range t.sqs {
-			if sq.eligible() && (!more || sq.rr <= bound) {
+		var batch []*flow.Subqueue
+		for sq := range t.Subqueues() {
+			if sq.Eligible() && (!more || sq.RR() <= bound) {
 				batch = append(batch, sq)
 			}
 		}
@@ -300,14 +195,18 @@ func (t *txn) refill(pre *eligibleRead) error {
 			break
 		}
 		sort.Slice(batch, func(i, j int) bool {
-			return batch[i].rr < batch[j].rr || batch[i].rr == batch[j].rr && batch[i].id < batch[j].id
+			return batch[i].RR() < batch[j].RR() || batch[i].RR() == batch[j].RR() && batch[i].ID() < batch[j].ID()
 		})
 		var ps []promotion
 		for _, sq := range batch {
-			if !t.env.hasRoom() {
+			if !t.Env.HasRoom() {
 				break
 			}
-			ps = append(ps, t.promote(sq))
+			p, err := t.promote(sq)
+			if err != nil {
+				return err
+			}
+			ps = append(ps, p)
 		}
 		t.queuePromote(ps)
 	}
@@ -320,7 +219,7 @@ func (t *txn) refill(pre *eligibleRead) error {
 // payload is the schema, so listeners of other deployments in the same
 // database ignore it. PostgreSQL delivers it at commit.
 func (t *txn) notify() {
-	if t.readied > 0 && !t.notified {
+	if t.Readied() > 0 && !t.notified {
 		t.exec("notify", `SELECT pg_notify('sluice_ready', coalesce(current_schema(), ''))`)
 		t.notified = true
 	}
@@ -333,18 +232,13 @@ type promotion struct{ sq, n, rank, off int64 }
 
 // promote takes slots for the head of an eligible sub-queue's wait list:
 // as many tasks as its limit allows, one while the environment limit
-// binds. queuePromote moves the tasks.
-func (t *txn) promote(sq *sqRow) promotion {
-	n := min(sq.queued, fillBatch)
-	if sq.lim != nil {
-		n = min(n, *sq.lim-sq.running)
+// binds (flow.Counters.Promote). queuePromote moves the tasks.
+func (t *txn) promote(sq *flow.Subqueue) (promotion, error) {
+	n, rank, err := t.Promote(sq)
+	if err != nil {
+		return promotion{}, fmt.Errorf("refill: %w", err)
 	}
-	if t.env.maxRunning > 0 {
-		n = 1
-	}
-	rank := t.take(sq, n)
-	sq.queued -= n
-	return promotion{sq: sq.id, n: n, rank: rank}
+	return promotion{sq: sq.ID(), n: n, rank: rank}, nil
 }
 
 // headsSQL is the heads of sub-queues' wait lists ($1, each $2 tasks after
@@ -443,149 +337,10 @@ func (t *txn) checkPromoted(ps []promotion) func(br pgx.BatchResults) error {
 func (t *txn) checkMoved(want, moved map[int64]int64) error {
 	for id, n := range want {
 		if moved[id] != n {
-			sq := t.sqs[id]
+			sq := t.HeldSubqueue(id)
 			return fmt.Errorf("refill: sub-queue %d (%q/%q) counted %d queued, promoted %d: counters out of step",
-				id, sq.queue, sq.ckey, sq.queued+n, moved[id])
+				id, sq.Queue(), sq.Key(), sq.Queued()+n, moved[id])
 		}
 	}
 	return nil
-}
-
-// enqueueWaiting puts a task that holds no slot into its sub-queue's wait
-// list (queued), or paused when its queue is paused. It returns the state.
-func (t *txn) enqueueWaiting(q *queueRow, sq *sqRow) sluice.TaskState {
-	if q.paused {
-		return sluice.StatePaused
-	}
-	sq.queued++
-	sq.dirty = true
-	return sluice.StateQueued
-}
-
-// pausedFrom is the paused_from column for a task entering state.
-func pausedFrom(state sluice.TaskState) *string {
-	if state == sluice.StatePaused {
-		s := string(sluice.StateQueued)
-		return &s
-	}
-	return nil
-}
-
-// runningTask is what ending an attempt needs to know of a running task,
-// with its sub-queue and queue (the transaction's copies).
-type runningTask struct {
-	id                   int64
-	workerID             string
-	attempt, maxAttempts int
-	startedAt            int64
-	cancelRequested      bool
-	timeoutUS            int64
-	sq                   *sqRow
-	q                    *queueRow
-	// next is the chain of tasks reserved after this one (handover;
-	// chainSQL): ending the attempt returns them to the wait list
-	// (unreserveAfter) unless the caller hands over to the first, which
-	// keeps the rest of the chain behind it, and clears next.
-	next []int64
-}
-
-// chainSQL is the chain of tasks reserved after task t.id, in order: its
-// successor, then that one's (at depth 2, the deepest a chain goes).
-// Each task has one successor at most (the "successors" check). The
-// second level is a probe per first-level task behind an OFFSET 0 fence:
-// written as a join, the generic plan read all of tasks_reserved for each
-// (a join filter instead of an index condition).
-const chainSQL = `ARRAY(SELECT c.id FROM (
-		SELECT r1.id, 1 AS l FROM tasks r1 WHERE r1.state = 'reserved' AND r1.after_id = t.id
-		UNION ALL SELECT r2.id, 2 FROM tasks r1 CROSS JOIN LATERAL (
-			SELECT r2.id FROM tasks r2 WHERE r2.state = 'reserved' AND r2.after_id = r1.id OFFSET 0) r2
-			WHERE r1.state = 'reserved' AND r1.after_id = t.id) c ORDER BY c.l)`
-
-// runningSelect reads tasks (alias t, filtered by where) with their
-// sub-queue and queue rows, so ending their attempts needs no further
-// reads. The tasks are picked in a CTE of their own: joined directly, the
-// planner could drive the search from the queues through tasks_queue_state
-// and read every task of the queue while statistics lag. The last column
-// is the tasks reserved after each (handover), a probe of the small
-// partial index tasks_reserved, so ending an attempt knows its successor
-// without a read of its own.
-func runningSelect(where string) string {
-	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue
-		FROM tasks t WHERE ` + where + `)
-	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
-		sqCols + `, ` + qCols + `, ` + chainSQL + `
-	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
-}
-
-func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
-	r := &runningTask{}
-	sq, q := &sqRow{}, &queueRow{}
-	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS}, sq.dest()...)
-	if err := rows.Scan(append(append(dest, q.dest()...), &r.next)...); err != nil {
-		return nil, err
-	}
-	r.sq, r.q = t.useSQ(sq), t.useQueue(q)
-	return r, nil
-}
-
-// selectRunning reads running tasks (runningSelect) in one round trip.
-func (t *txn) selectRunning(what, where string, args ...any) ([]*runningTask, error) {
-	var out []*runningTask
-	t.queueRunning(what, where, args, &out)
-	return out, t.send()
-}
-
-// queueRunning queues the read of running tasks (runningSelect) into
-// *out, for the next round trip.
-func (t *txn) queueRunning(what, where string, args []any, out *[]*runningTask) {
-	t.queueQuery(what, runningSelect(where), args, func(rows pgx.Rows) error {
-		r, err := t.scanRunning(rows)
-		if err != nil {
-			return err
-		}
-		*out = append(*out, r)
-		return nil
-	})
-}
-
-// outcome is how an attempt ended.
-type outcome struct {
-	ok         bool
-	output     []byte
-	err        string
-	noRetry    bool
-	retryAfter time.Duration // < 0: retry at once; 0: use backoff
-	backoff    store.Backoff
-}
-
-// endAttempt records the attempt, moves the task on (succeeded, failed,
-// cancelled, or back to scheduled/queued for a retry) and releases its
-// slots. Its writes are queued: they go with the transaction's next round
-// trip. Successes reported by workers take the set-based path in Complete.
-func (t *txn) endAttempt(r *runningTask, o outcome) {
-	sq, q := r.sq, r.q
-	t.release(sq)
-	t.unreserveAfter(r)
-	state, attemptState := store.AttemptEnd(o.ok, r.cancelRequested, o.noRetry, r.attempt, r.maxAttempts)
-	t.exec("recording attempt", `INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		r.id, r.attempt, r.workerID, r.startedAt, t.now, string(attemptState), o.err)
-	if state.Terminal() {
-		t.finish(q)
-		var output []byte
-		if o.ok {
-			output = store.JSONOrNull(o.output)
-		}
-		t.exec("ending task", `UPDATE tasks SET state = $1, output = $2, error = $3, finished_at = $4, worker_id = NULL, timeout_at = NULL WHERE id = $5`,
-			string(state), output, o.err, t.now, r.id)
-		return
-	}
-	delay := store.RetryDelay(o.retryAfter, o.backoff, r.attempt)
-	runAt := t.now
-	if delay > 0 {
-		runAt += delay.Microseconds()
-	} else {
-		state = t.enqueueWaiting(q, sq)
-	}
-	t.exec("retrying task", `UPDATE tasks SET state = $1, paused_from = $2, error = $3, run_at = $4, worker_id = NULL, timeout_at = NULL WHERE id = $5`,
-		string(state), pausedFrom(state), o.err, runAt, r.id)
 }

@@ -2,19 +2,21 @@ package postgres
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // Handover (store.Handover): a reserved task waits, holding no slot and
 // counted in neither sub-queue counter, for the task it follows (after_id)
 // to end on the same worker. This file holds the three moves of the
-// contract — reserve, hand over, release — as the SQLite store's flow.go
-// does, written for this store's batches:
+// contract — reserve, hand over, release — as the SQLite store's
+// handover.go does, written for this store's batches:
 //
 //   - Nothing here runs for a transaction that has no handover work: the
 //     completion statement, the claim statements and the refill are
@@ -38,8 +40,8 @@ import (
 // transaction's copies).
 type reservedTask struct {
 	id, after int64
-	sq        *sqRow
-	q         *queueRow
+	sq        *flow.Subqueue
+	q         *flow.Queue
 }
 
 // reservedSelect reads reserved tasks (alias r, filtered by where), and
@@ -63,11 +65,11 @@ func reservedSelect(where string) string {
 func (t *txn) queueReserved(what, where string, args []any, out *[]reservedTask) {
 	t.queueQuery(what, reservedSelect(where), args, func(rows pgx.Rows) error {
 		var r reservedTask
-		sq, q := &sqRow{}, &queueRow{}
-		if err := rows.Scan(append(append([]any{&r.id, &r.after}, sq.dest()...), q.dest()...)...); err != nil {
+		sq, q := &flow.Subqueue{}, &flow.Queue{}
+		if err := rows.Scan(append(append([]any{&r.id, &r.after}, sq.Dest()...), q.Dest()...)...); err != nil {
 			return err
 		}
-		r.sq, r.q = t.useSQ(sq), t.useQueue(q)
+		r.sq, r.q = t.UseSubqueue(sq), t.UseQueue(q)
 		*out = append(*out, r)
 		return nil
 	})
@@ -75,9 +77,9 @@ func (t *txn) queueReserved(what, where string, args []any, out *[]reservedTask)
 
 // unreserveAfter returns the chain reserved after a running task that
 // stops running without handing over to its first to the wait list.
-func (t *txn) unreserveAfter(r *runningTask) {
+func (t *txn) unreserveAfter(r *runningTask) error {
 	if len(r.next) == 0 {
-		return
+		return nil
 	}
 	rs := make([]reservedTask, len(r.next))
 	for i, id := range r.next {
@@ -85,7 +87,7 @@ func (t *txn) unreserveAfter(r *runningTask) {
 		rs[i] = reservedTask{id: id, after: r.id, sq: r.sq, q: r.q}
 	}
 	r.next = nil
-	t.unreserve(rs)
+	return t.unreserve(rs)
 }
 
 // unreserve returns reserved tasks to their sub-queues' wait lists
@@ -93,7 +95,7 @@ func (t *txn) unreserveAfter(r *runningTask) {
 // as any task entering a paused queue, for the refill. The write is
 // queued; it fails (division by zero) unless it moves every task, so it
 // may go with the COMMIT.
-func (t *txn) unreserve(rs []reservedTask) {
+func (t *txn) unreserve(rs []reservedTask) error {
 	var ids []int64
 	var states []string
 	for _, r := range rs {
@@ -105,12 +107,17 @@ func (t *txn) unreserve(rs []reservedTask) {
 		}
 		t.unreserved[r.id] = true
 		// Queued (counted), or paused if its queue is paused.
-		ids, states = append(ids, r.id), append(states, string(t.enqueueWaiting(r.q, r.sq)))
+		state := r.q.WaitState()
+		if err := t.Move(r.sq, r.q, sluice.StateReserved, state); err != nil {
+			return err
+		}
+		ids, states = append(ids, r.id), append(states, string(state))
 	}
 	if len(ids) == 0 {
-		return
+		return nil
 	}
 	t.exec("releasing reserved tasks", unreserveSQL, ids, len(ids), states)
+	return nil
 }
 
 // unreserveSQL returns the reserved tasks $1 to the states $3 (queued
@@ -199,19 +206,19 @@ const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], 
 
 // subqueueByKey returns the sub-queue (queue, ckey), read if this
 // transaction does not hold it.
-func (t *txn) subqueueByKey(queue, ckey string) (*sqRow, error) {
-	if sq, ok := t.sqByKey[[2]string{queue, ckey}]; ok {
+func (t *txn) subqueueByKey(queue, ckey string) (*flow.Subqueue, error) {
+	if sq := t.HeldSubqueueByKey(queue, ckey); sq != nil {
 		return sq, nil
 	}
-	sq := &sqRow{}
-	found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.queue = $1 AND s.ckey = $2`, []any{queue, ckey}, sq.dest()...)
+	sq := &flow.Subqueue{}
+	found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.queue = $1 AND s.ckey = $2`, []any{queue, ckey}, sq.Dest()...)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
 		return nil, fmt.Errorf("reading sub-queue %q/%q: not found", queue, ckey)
 	}
-	return t.useSQ(sq), nil
+	return t.UseSubqueue(sq), nil
 }
 
 // reserveAfter tops up, for the worker (registered with Handover), the
@@ -245,22 +252,23 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 		if err != nil {
 			return nil, err
 		}
-		if !q.handover {
+		if !q.Handover() {
 			continue
 		}
 		sq, err := t.subqueueByKey(h.queue, h.ckey)
 		if err != nil {
 			return nil, err
 		}
-		if sq.lim == nil || sq.paused || sq.running > *sq.lim || sq.queued == 0 {
+		if !sq.Reservable() {
 			continue
 		}
-		n = min(n, sq.queued)
-		afters, sqs, offs, ns = append(afters, after), append(sqs, sq.id), append(offs, taken[sq.id]), append(ns, n)
-		taken[sq.id] += n
+		n = min(n, sq.Queued())
+		afters, sqs, offs, ns = append(afters, after), append(sqs, sq.ID()), append(offs, taken[sq.ID()]), append(ns, n)
+		taken[sq.ID()] += n
 		total += int(n)
-		sq.queued -= n
-		sq.dirty = true
+		if _, err := t.MoveN(sq, q, sluice.StateQueued, sluice.StateReserved, n); err != nil {
+			return nil, err
+		}
 	}
 	if len(afters) == 0 {
 		return none, nil
@@ -277,7 +285,7 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 		c.Attempt++ // the attempt it will run as
 		c.Input = store.JSONOrNull(input)
 		c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
-		c.CreatedAt = fromUS(created)
+		c.CreatedAt = store.FromUS(created)
 		c.LeaseExpiresAt = lease
 		got[c.After] = c
 		return nil
@@ -294,11 +302,121 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 	}, nil
 }
 
-// take1 gives a slot of sq (and of the environment) to a task starting on
-// a slot no refill saw free: a successor taking the slots its predecessor
-// released (handOver). Unlike take, nothing becomes ready.
-func (t *txn) take1(sq *sqRow) {
-	sq.running++
-	t.env.running++
-	sq.dirty, t.env.dirty = true, true
+// handOver moves the successors the results name, if still reserved for
+// the worker after the tasks whose attempts ended, to running in the
+// slots those released (no refill sees them free), and returns any other
+// task reserved after an ended task to the wait list. One round trip,
+// and only for a worker registered with Handover (no other holds
+// reserved tasks: Claim and CompleteClaim reserve only for such a worker,
+// and a worker's flag never changes) when a result names a successor or
+// a success's queue has handover on (a failure's successors came with
+// its read, runningSelect).
+func (c *completion) handOver(t *txn, handover bool) error {
+	var got []movedTask
+	var rest []reservedTask
+	if c.early {
+		// The successes' hand-overs ran with BEGIN, and the read of what
+		// stays reserved after the successes.
+		got, rest = c.moved, c.rest
+	}
+	late := c.handoffs
+	if c.early {
+		late = nil
+		for _, h := range c.handoffs {
+			if !h.success { // a success's went early
+				late = append(late, h)
+			}
+		}
+	}
+	if handover && (len(late) > 0 || !c.early && c.hoQueue) {
+		if len(late) > 0 {
+			ps, ss, ats := make([]int64, len(late)), make([]int64, len(late)), make([]int64, len(late))
+			for i, h := range late {
+				ps[i], ss[i], ats[i] = h.p, h.s, h.at
+			}
+			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID}, scanMoved(&got))
+		}
+		// What is still reserved after the ended tasks, read after the
+		// hand-over (and after the failures' releases, queued before it).
+		t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{c.endedIDs}, &rest)
+		if err := t.send(); err != nil {
+			return err
+		}
+	}
+	slices.SortFunc(c.handoffs, func(a, b handoff) int { return a.ack - b.ack })
+	byID := make(map[int64]movedTask, len(got))
+	for _, m := range got {
+		sq, err := t.subqueue(m.sq)
+		if err != nil {
+			return err
+		}
+		// The slots its predecessor released, which no refill has seen
+		// free.
+		if err := t.Move(sq, nil, sluice.StateReserved, sluice.StateRunning); err != nil {
+			return err
+		}
+		byID[m.id] = m
+	}
+	for _, h := range c.handoffs { // in the results' order
+		if m, ok := byID[h.s]; ok {
+			delete(byID, h.s)
+			c.acks[h.ack].Next = "started"
+			c.started = append(c.started, handed{id: m.id, queue: m.queue, ckey: m.ckey, tail: m.tail})
+		}
+	}
+	if len(byID) > 0 {
+		// Only a task running here could have a successor reserved
+		// after it: its result cannot have been stale.
+		return fmt.Errorf("handing over: %d successors moved after a result not acknowledged", len(byID))
+	}
+	// A task handed over to whose own result came later in the batch (a
+	// chain's results in one call) has ended: its chain goes on from the
+	// task it handed over to, or its slot was freed.
+	if len(c.started) > 0 {
+		ended := make(map[int64]bool, len(c.endedIDs))
+		for _, id := range c.endedIDs {
+			ended[id] = true
+		}
+		running := c.started[:0]
+		for _, h := range c.started {
+			if !ended[h.id] {
+				running = append(running, h)
+			}
+		}
+		c.started = running
+	}
+	if err := t.unreserve(rest); err != nil {
+		return err
+	}
+	// A retried call whose first try committed: its results are stale
+	// now, and the successors they named run here already, or ran here
+	// and ended with their own results in that try (a chain's results in
+	// one call: the attempt of the successor's result later in the batch
+	// is on record for this worker).
+	var lost []int64
+	var lostAttempts []int32
+	at := map[int64][]int{}
+	for i, r := range c.results {
+		if c.acks[i].Next == "lost" {
+			lost = append(lost, r.Next)
+			lostAttempts = append(lostAttempts, int32(store.LaterAttempt(c.results, i)))
+			at[r.Next] = append(at[r.Next], i)
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	return t.query("handing over", `SELECT id FROM tasks WHERE id = ANY($1) AND state = 'running' AND worker_id = $2
+		UNION SELECT a.task_id FROM unnest($1::bigint[], $3::int[]) AS u(id, attempt)
+			JOIN attempts a ON a.task_id = u.id AND a.attempt = u.attempt WHERE a.worker_id = $2`, []any{lost, c.workerID, lostAttempts},
+		func(rows pgx.Rows) error {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			for _, i := range at[id] {
+				c.acks[i].Next = "started"
+			}
+			return nil
+		})
 }

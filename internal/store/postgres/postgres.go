@@ -29,12 +29,8 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"sort"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +39,8 @@ import (
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
+// The schema, written once per dialect (see the SQLite store's note).
+//
 //go:embed migrations/*.sql
 var migrations embed.FS
 
@@ -60,7 +58,7 @@ type Store struct {
 	connCfg *pgx.ConnConfig // for the dedicated LISTEN and leader connections
 	log     *slog.Logger
 
-	clock atomic.Pointer[func() time.Time]
+	clock store.Clock
 	depth store.DepthSetting // handover depth (SetHandoverDepth)
 
 	// ownPIDs holds the backend PIDs of the pool's connections.
@@ -147,19 +145,14 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 }
 
 // SetClock replaces the clock; see store.Store.
-func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
+func (s *Store) SetClock(now func() time.Time) { s.clock.Set(now) }
 
 // SetHandoverDepth sets the handover depth; see store.Store.
 func (s *Store) SetHandoverDepth(n int) { s.depth.Set(n) }
 
 // now reads the clock. Write transactions call it once they hold the env
 // lock.
-func (s *Store) now() time.Time {
-	if c := s.clock.Load(); c != nil {
-		return (*c)()
-	}
-	return time.Now()
-}
+func (s *Store) now() time.Time { return s.clock.Now() }
 
 // Close ends Listen loops and leaderships (releasing the leader lock) and
 // closes the pool.
@@ -172,20 +165,30 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// reader runs the shared reads (store.Reader) on the pool.
+func (s *Store) reader() store.Reader { return reader{s.pool} }
+
+type reader struct {
+	db interface {
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	}
+}
+
+func (r reader) Query(ctx context.Context, q string, args ...any) (store.Rows, func(), error) {
+	rows, err := r.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rows, rows.Close, nil
+}
+
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.pool.Ping(ctx)
 }
 
 // Migrations lists the embedded migration names in order.
-func Migrations() []string {
-	names, _ := fs.Glob(migrations, "migrations/*.sql")
-	sort.Strings(names)
-	for i, n := range names {
-		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
-	}
-	return names
-}
+func Migrations() []string { return store.MigrationNames(migrations) }
 
 // Migrate applies pending migrations, each in its own transaction.
 func (s *Store) Migrate(ctx context.Context) ([]string, error) {
@@ -248,177 +251,4 @@ func (s *Store) migrate(ctx context.Context, name string) (bool, error) {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
-}
-
-// txn is one write transaction: its pending batch, its clock reading and
-// its cached counters (flow.go).
-type txn struct {
-	ctx  context.Context
-	s    *Store
-	conn *pgx.Conn // in the transaction (see run)
-	// b holds statements for the next round trip. exec only queues;
-	// query sends b with its own statement last, so every statement runs in
-	// order and a read sees every write queued before it.
-	b        *pgx.Batch
-	now      int64
-	preNow   int64 // the clock before the env lock: for a prelude
-	env      *envRow
-	sqs      map[int64]*sqRow
-	sqByKey  map[[2]string]*sqRow
-	queues   map[string]*queueRow
-	readied  int
-	notified bool
-	ids      []int64 // task ids drawn by prepareInsert
-	// deferring: the refill records its promotions in deferred (with
-	// deferredN, the tasks deferred per sub-queue) instead of writing
-	// them; see queuePromote.
-	deferring bool
-	deferred  []promotion
-	deferredN map[int64]int64
-	// unreserved: reserved tasks this transaction returned to the wait
-	// list (handover), so a task found by two reads is moved once.
-	unreserved map[int64]bool
-}
-
-// setGenericPlans makes a write transaction's statements use their
-// generic plans, made once per connection, instead of being planned anew
-// at each execution (0.3–0.8 ms a time for the larger ones on the
-// reference machine): see docs/postgres.md, "Plan caching". The hot
-// statements are written so that their generic plans stay on indexes
-// whatever the table holds (TestPostgresConformance, "generic plans").
-const setGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
-
-const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`
-
-// run runs fn in a write transaction. BEGIN and the env lock go in the
-// first round trip, with whatever prelude queues: a prelude's statements
-// see the locked state and run before t.now is read (they may use
-// t.preNow, read before the round trip). Statements still queued when fn
-// returns go with the COMMIT, in one round trip.
-//
-// The transaction runs on a pooled connection with BEGIN and COMMIT as
-// statements of its batches, not through pgx.Tx, whose Commit would cost
-// a round trip of its own. A COMMIT is sent only when fn succeeded; on
-// any error the transaction is rolled back (a connection left in a
-// transaction is closed by the pool on release).
-func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) error) (err error) {
-	defer func() { err = unavailable(err) }()
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer conn.Release()
-	t := &txn{ctx: ctx, s: s, conn: conn.Conn(), b: &pgx.Batch{}, env: &envRow{},
-		sqs: map[int64]*sqRow{}, sqByKey: map[[2]string]*sqRow{}, queues: map[string]*queueRow{}}
-	defer func() {
-		if err != nil && t.conn.PgConn().TxStatus() != 'I' && !t.conn.IsClosed() {
-			_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback")
-		}
-	}()
-	t.exec("begin", "begin")
-	if s.genericPlans {
-		t.exec("begin", setGenericPlans)
-	}
-	e := t.env
-	t.b.Queue(envLockSQL).QueryRow(func(r pgx.Row) error {
-		if err := r.Scan(&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr); err != nil {
-			return fmt.Errorf("locking env: %w", err)
-		}
-		return nil
-	})
-	t.preNow = us(s.now())
-	if prelude != nil {
-		prelude(t)
-	}
-	if err := t.send(); err != nil {
-		return err
-	}
-	t.now = us(s.now())
-	if err := fn(t); err != nil {
-		return err
-	}
-	t.b.Queue("commit").Fn = func(br pgx.BatchResults) error {
-		tag, err := br.Exec()
-		if err != nil {
-			return fmt.Errorf("commit: %w", err)
-		}
-		if tag.String() != "COMMIT" {
-			return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
-		}
-		return nil
-	}
-	return t.send()
-}
-
-// exec queues a statement whose result is not needed at once; its error,
-// if any, comes with the next round trip. what names it in that error.
-func (t *txn) exec(what, sql string, args ...any) {
-	t.b.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	}
-}
-
-// queueQuery queues a query whose rows fn reads when the batch is sent.
-func (t *txn) queueQuery(what, sql string, args []any, fn func(rows pgx.Rows) error) {
-	t.b.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
-		rows, err := br.Query()
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := fn(rows); err != nil {
-				return fmt.Errorf("%s: %w", what, err)
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	}
-}
-
-// query sends the pending batch with a query last and calls fn per row.
-func (t *txn) query(what, sql string, args []any, fn func(rows pgx.Rows) error) error {
-	t.queueQuery(what, sql, args, fn)
-	return t.send()
-}
-
-// queryRow sends the pending batch with a one-row query last and scans
-// it; found is false when the query returned no row.
-func (t *txn) queryRow(what, sql string, args []any, dest ...any) (found bool, err error) {
-	err = t.query(what, sql, args, func(rows pgx.Rows) error {
-		if found {
-			return nil
-		}
-		found = true
-		return rows.Scan(dest...)
-	})
-	return found, err
-}
-
-// send runs the pending batch: one round trip.
-func (t *txn) send() error {
-	if t.b.Len() == 0 {
-		return nil
-	}
-	b := t.b
-	t.b = &pgx.Batch{}
-	return t.conn.SendBatch(t.ctx, b).Close()
-}
-
-// Time helpers: the schema stores unix microseconds.
-func us(t time.Time) int64 { return t.UnixMicro() }
-
-func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
-
-func fromNullUS(v *int64) *time.Time {
-	if v == nil {
-		return nil
-	}
-	t := fromUS(*v)
-	return &t
 }

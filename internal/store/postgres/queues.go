@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -11,13 +10,8 @@ import (
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
-func nullInt(p *int) *int64 {
-	if p == nil {
-		return nil
-	}
-	v := int64(*p)
-	return &v
-}
+// Queues, pause and the environment limit, method for method as in the
+// SQLite store's queues.go (whose note says what the two share).
 
 // PutQueue creates or reconfigures a queue. A raised limit is filled at
 // once; a lowered one lets running tasks finish and promotes nothing until
@@ -27,8 +21,8 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 		t.exec("writing queue", `INSERT INTO queues (name, concurrency_limit, max_backlog, handover, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)
 			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
 				handover = excluded.handover, updated_at = excluded.updated_at`,
-			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), p.Handover, t.now)
-		t.exec("writing queue", `UPDATE subqueues SET lim = $1 WHERE queue = $2`, nullInt(p.ConcurrencyLimit), name)
+			name, store.Int64Ptr(p.ConcurrencyLimit), store.Int64Ptr(p.MaxBacklog), p.Handover, t.now)
+		t.exec("writing queue", `UPDATE subqueues SET lim = $1 WHERE queue = $2`, store.Int64Ptr(p.ConcurrencyLimit), name)
 		if !p.Handover {
 			// Handover off: reserved tasks return to the wait list (a
 			// successor already started at this instant is answered
@@ -38,7 +32,7 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 			if err := t.send(); err != nil {
 				return err
 			}
-			t.unreserve(rs)
+			return t.unreserve(rs)
 		}
 		return nil
 	})
@@ -52,91 +46,16 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name)`
 
-func scanQueue(row pgx.Row) (*sluice.Queue, error) {
-	var q sluice.Queue
-	var lim, backlog *int64
-	var created, updated int64
-	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running); err != nil {
-		return nil, err
-	}
-	if lim != nil {
-		v := int(*lim)
-		q.ConcurrencyLimit = &v
-	}
-	if backlog != nil {
-		v := int(*backlog)
-		q.MaxBacklog = &v
-	}
-	q.CreatedAt, q.UpdatedAt = fromUS(created), fromUS(updated)
-	q.Counts = map[sluice.TaskState]int{}
-	for _, st := range sluice.AllStates {
-		q.Counts[st] = 0
-	}
-	return &q, nil
-}
-
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
-	q, err := scanQueue(s.pool.QueryRow(ctx, `SELECT `+queueCols+` FROM queues WHERE name = $1`, name))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, sluice.NotFound("queue %q not found", name)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading queue: %w", err)
-	}
-	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM tasks WHERE queue = $1 GROUP BY state`, name)
-	if err != nil {
-		return nil, fmt.Errorf("reading queue: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var st string
-		var n int
-		if err := rows.Scan(&st, &n); err != nil {
-			return nil, err
-		}
-		q.Counts[sluice.TaskState(st)] = n
-	}
-	return q, rows.Err()
+	return store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = $1`,
+		`SELECT state, count(*) FROM tasks WHERE queue = $1 GROUP BY state`, name)
 }
 
 // ListQueues returns every queue with counts, by name.
 func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+queueCols+` FROM queues ORDER BY name COLLATE "C"`)
-	if err != nil {
-		return nil, fmt.Errorf("listing queues: %w", err)
-	}
-	var out []sluice.Queue
-	idx := map[string]int{}
-	for rows.Next() {
-		q, err := scanQueue(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		idx[q.Name] = len(out)
-		out = append(out, *q)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows, err = s.pool.Query(ctx, `SELECT queue, state, count(*) FROM tasks GROUP BY queue, state`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var name, st string
-		var n int
-		if err := rows.Scan(&name, &st, &n); err != nil {
-			return nil, err
-		}
-		if i, ok := idx[name]; ok {
-			out[i].Counts[sluice.TaskState(st)] = n
-		}
-	}
-	return out, rows.Err()
+	return store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name COLLATE "C"`,
+		`SELECT queue, state, count(*) FROM tasks GROUP BY queue, state`)
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).
@@ -146,7 +65,7 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 		if err != nil {
 			return err
 		}
-		if q.paused == paused {
+		if q.Paused() == paused {
 			return nil // already so: nothing changes
 		}
 		t.exec("pausing queue", `UPDATE queues SET paused = $1, updated_at = $2 WHERE name = $3`, paused, t.now, name)
@@ -154,8 +73,7 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 		if paused {
 			return t.pauseTasks(name)
 		}
-		t.resumeTasks(name)
-		return nil
+		return t.resumeTasks(name)
 	})
 	if err != nil {
 		return nil, o, err
@@ -165,9 +83,10 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 }
 
 // pauseTasks parks the queue's waiting tasks: ready ones give their slots
-// back, and all return to queued on resume, in their original order. No
-// sub-queue of the queue is cached in this transaction, so these direct
-// counter updates are not overwritten by a flush.
+// back, and all return to queued on resume, in their original order. The
+// moves are set-based (flow.Counters.MoveSet): these statements apply
+// their effect to the queue's sub-queues, none of which this transaction
+// holds, so no flush overwrites them.
 func (t *txn) pauseTasks(name string) error {
 	var freed int64
 	err := t.query("pausing queue", `UPDATE subqueues s SET running = s.running - h.n
@@ -183,8 +102,14 @@ func (t *txn) pauseTasks(name string) error {
 	if err != nil {
 		return err
 	}
-	t.env.running -= freed
-	t.env.dirty = true
+	// ready → paused: the slots go back.
+	if _, err := t.MoveSet(sluice.StateReady, sluice.StatePaused, freed); err != nil {
+		return err
+	}
+	// queued → paused: off the wait lists.
+	if _, err := t.MoveSet(sluice.StateQueued, sluice.StatePaused, -1); err != nil {
+		return err
+	}
 	t.exec("pausing queue", `UPDATE subqueues SET queued = 0 WHERE queue = $1`, name)
 	t.exec("pausing queue", `UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = $1 AND state IN ('ready', 'queued')`, name)
 	return nil
@@ -192,9 +117,14 @@ func (t *txn) pauseTasks(name string) error {
 
 // resumeTasks returns paused tasks to the state they left; the refill
 // after the transaction promotes what the limits allow.
-func (t *txn) resumeTasks(name string) {
+func (t *txn) resumeTasks(name string) error {
+	// paused → queued: back on the wait lists, counted again below.
+	if _, err := t.MoveSet(sluice.StatePaused, sluice.StateQueued, -1); err != nil {
+		return err
+	}
 	t.exec("resuming queue", `UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = $1 AND state = 'paused'`, name)
 	t.exec("resuming queue", `UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = $1`, name)
+	return nil
 }
 
 // SetEnvLimit sets the environment limit on running tasks.
@@ -202,36 +132,20 @@ func (s *Store) SetEnvLimit(ctx context.Context, maxRunning int) (store.Outcome,
 	return s.write(ctx, func(t *txn) error {
 		// The env row is cached from the lock: change the copy, which the
 		// flush writes and the refill reads.
-		t.env.maxRunning = int64(maxRunning)
-		t.env.dirty = true
+		t.Env.SetMaxRunning(int64(maxRunning))
 		return nil
 	})
 }
 
 // EnvStatus returns the environment counters.
 func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
-	var e store.EnvStatus
-	err := s.pool.QueryRow(ctx, `SELECT max_running, running, active FROM env WHERE id = 1`).Scan(&e.MaxRunning, &e.Running, &e.Active)
-	return e, err
+	return store.GetEnvStatus(ctx, s.reader(), `SELECT max_running, running, active FROM env WHERE id = 1`)
 }
 
 // SubqueueStatus returns the sub-queue of a task.
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
-	var st store.SubqueueStatus
-	var lim *int64
-	err := s.pool.QueryRow(ctx, `SELECT s.queue, s.ckey, s.lim, s.running, s.paused FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = $1`, taskID).
-		Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.Paused)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, sluice.NotFound("task %d not found", taskID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if lim != nil {
-		v := int(*lim)
-		st.Limit = &v
-	}
-	return &st, nil
+	return store.GetSubqueueStatus(ctx, s.reader(),
+		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = $1`, taskID)
 }
 
 // CheckCounters recomputes the counters from the tasks; see store.Store.
@@ -245,8 +159,7 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("checking counters: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	var bad []string
-	for _, c := range []struct{ what, q string }{
+	return store.CheckCounters(ctx, reader{tx}, [][2]string{
 		{"sub-queue running", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.running AS have, coalesce(c.n, 0) AS n
 			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},
@@ -275,24 +188,5 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0::bigint FROM subqueues s, env e
 			WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND (e.max_running = 0 OR e.running < e.max_running)`},
-	} {
-		rows, err := tx.Query(ctx, c.q)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.what, err)
-		}
-		for rows.Next() {
-			var key string
-			var have, want int64
-			if err := rows.Scan(&key, &have, &want); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("%s: %w", c.what, err)
-			}
-			bad = append(bad, fmt.Sprintf("%s %s: counter %d, actual %d", c.what, key, have, want))
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("%s: %w", c.what, err)
-		}
-	}
-	return bad, nil
+	})
 }

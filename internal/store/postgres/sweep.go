@@ -9,7 +9,11 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
+
+// The background passes, method for method as in the SQLite store's
+// sweep.go (whose note says what the two share).
 
 // PromoteDue moves scheduled tasks whose time has come into their
 // sub-queues; see store.Store.
@@ -28,12 +32,16 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 			SELECT t.id, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`,
 			[]any{t.now, limit}, func(rows pgx.Rows) error {
 				var id int64
-				sq, q := &sqRow{}, &queueRow{}
-				if err := rows.Scan(append(append([]any{&id}, sq.dest()...), q.dest()...)...); err != nil {
+				sq, q := &flow.Subqueue{}, &flow.Queue{}
+				if err := rows.Scan(append(append([]any{&id}, sq.Dest()...), q.Dest()...)...); err != nil {
 					return err
 				}
-				state := t.enqueueWaiting(t.useQueue(q), t.useSQ(sq))
-				ids, states, paused = append(ids, id), append(states, string(state)), append(paused, pausedFrom(state))
+				q = t.UseQueue(q)
+				state := q.WaitState()
+				if err := t.Move(t.UseSubqueue(sq), q, sluice.StateScheduled, state); err != nil {
+					return err
+				}
+				ids, states, paused = append(ids, id), append(states, string(state)), append(paused, flow.PausedFrom(state))
 				return nil
 			})
 		if err != nil {
@@ -52,7 +60,7 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 				return err
 			}
 			if nextUS != nil {
-				next = fromUS(*nextUS)
+				next = store.FromUS(*nextUS)
 			}
 			return nil
 		})
@@ -93,7 +101,9 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			return err
 		}
 		for _, rt := range timedOut {
-			t.endAttempt(rt, outcome{err: store.TimeoutReason(time.Duration(rt.timeoutUS) * time.Microsecond), backoff: backoff})
+			if err := t.endAttempt(rt, store.AttemptOutcome{Err: store.TimeoutReason(time.Duration(rt.timeoutUS) * time.Microsecond), Backoff: backoff}); err != nil {
+				return err
+			}
 			n++
 		}
 		return nil
@@ -117,14 +127,16 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 				state   string
 				attempt int
 			)
-			sq, q := &sqRow{}, &queueRow{}
-			if err := rows.Scan(append(append([]any{&id, &state, &dl, &attempt}, sq.dest()...), q.dest()...)...); err != nil {
+			sq, q := &flow.Subqueue{}, &flow.Queue{}
+			if err := rows.Scan(append(append([]any{&id, &state, &dl, &attempt}, sq.Dest()...), q.Dest()...)...); err != nil {
 				return err
 			}
 			st := sluice.TaskState(state)
-			q = t.useQueue(q)
-			why := store.DeadlineReason(time.Duration(dl)*time.Microsecond, attempt, st, q.name)
-			t.cancelWaiting(id, st, t.useSQ(sq), q, why)
+			q = t.UseQueue(q)
+			why := store.DeadlineReason(time.Duration(dl)*time.Microsecond, attempt, st, q.Name())
+			if err := t.cancelWaiting(id, st, t.UseSubqueue(sq), q, why); err != nil {
+				return err
+			}
 			n++
 			return nil
 		})
@@ -144,9 +156,41 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 				ORDER BY finished_at LIMIT $2)
 			RETURNING id),
 		att AS (DELETE FROM attempts WHERE task_id IN (SELECT id FROM del))
-		SELECT count(*) FROM del`, us(before), limit).Scan(&n)
+		SELECT count(*) FROM del`, store.US(before), limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("retention: %w", err)
 	}
 	return n, nil
+}
+
+// dropWorkers ends the attempts gone workers still hold; each goes back to
+// the flow at once (no backoff), counted as an attempt. One round trip for
+// all the workers.
+//
+// Their reserved tasks (handover), and the chains behind them, go back to
+// the wait list with their attempts not counted, as when their
+// predecessor times out (store.Handover): the server never saw them
+// start. One its worker started on its predecessor's slot in the last
+// round trip before it died runs again, under the same attempt number.
+// They are read with the running tasks, in the same round trip, and
+// moved (and counted) once: ending a running task returns its chain too
+// (unreserveAfter), which unreserve skips as already moved.
+func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
+	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
+	var reserved []reservedTask
+	t.queueReserved("dropping workers", `r.worker_id = ANY($1)`, []any{workerIDs}, &reserved)
+	var held []*runningTask
+	t.queueRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, []any{workerIDs}, &held)
+	if err := t.send(); err != nil {
+		return err
+	}
+	if err := t.unreserve(reserved); err != nil {
+		return err
+	}
+	for _, rt := range held {
+		if err := t.endAttempt(rt, store.AttemptOutcome{Err: reason(rt.workerID), RetryAfter: -1}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

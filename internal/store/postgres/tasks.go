@@ -5,14 +5,16 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
+
+// Tasks, method for method as in the SQLite store's tasks.go (whose note
+// says what the two share).
 
 // Enqueue inserts tasks in one transaction; see store.Store. Whatever the
 // number of tasks, it takes four round trips: BEGIN with the env lock; the
@@ -29,55 +31,20 @@ func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.New
 		if err != nil {
 			return err
 		}
-		fresh := make([]int, 0, len(tasks))
-		seen := map[string]int{}
-		dups := map[int]int{} // index → index of the first with its key
-		for i, nt := range tasks {
-			if k := nt.IdempotencyKey; k != "" {
-				if j, ok := seen[k]; ok {
-					dups[i] = j
-					continue
-				}
-				seen[k] = i
-				if task, ok := existing[k]; ok {
-					results[i] = store.EnqueueResult{Task: task}
-					continue
-				}
-			}
-			fresh = append(fresh, i)
-		}
+		fresh, replayed, _ := store.Replays(tasks, results, func(k string) (*sluice.Task, error) { return existing[k], nil })
 		if err := t.admit(lim, tasks, fresh); err != nil {
 			return err
 		}
 		if err := t.insert(tasks, fresh, results); err != nil {
 			return err
 		}
-		for i, j := range dups {
-			results[i] = store.EnqueueResult{Task: results[j].Task}
-		}
+		replayed()
 		return nil
 	})
 	if err != nil {
 		return nil, o, err
 	}
 	return results, o, nil
-}
-
-// write runs fn in a write transaction, then writes the counters and
-// refills freed slots before the commit.
-func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
-	var o store.Outcome
-	err := s.run(ctx, nil, func(t *txn) error {
-		if err := fn(t); err != nil {
-			return err
-		}
-		if err := t.fill(); err != nil {
-			return err
-		}
-		o.Readied = t.readied
-		return nil
-	})
-	return o, err
 }
 
 // idempotent returns the existing tasks of the batch's idempotency keys.
@@ -121,8 +88,8 @@ func (t *txn) idempotent(tasks []store.NewTask) (map[string]*sluice.Task, error)
 // admit checks the admission ceilings for the fresh tasks (S-FC6), after
 // loading (creating) their queues and sub-queues for insert.
 func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error {
-	if lim.MaxActive > 0 && t.env.active+int64(len(fresh)) > int64(lim.MaxActive) {
-		return store.EnvAdmissionError(lim.MaxActive, t.env.active)
+	if !t.Env.Admits(lim.MaxActive, int64(len(fresh))) {
+		return store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
 	}
 	if err := t.prepareInsert(tasks, fresh); err != nil {
 		return err
@@ -132,9 +99,8 @@ func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error 
 		perQueue[tasks[i].Queue]++
 	}
 	for name, n := range perQueue {
-		q := t.queues[name]
-		if q.maxBacklog != nil && q.active+n > *q.maxBacklog {
-			return store.QueueAdmissionError(name, *q.maxBacklog, q.active)
+		if q := t.HeldQueue(name); !q.Admits(n) {
+			return store.QueueAdmissionError(name, *q.MaxBacklog(), q.Active())
 		}
 	}
 	return nil
@@ -151,12 +117,12 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 	seenSQ := map[[2]string]bool{}
 	for _, i := range fresh {
 		nt := &tasks[i]
-		if _, ok := t.queues[nt.Queue]; !ok && !seenQ[nt.Queue] {
+		if t.HeldQueue(nt.Queue) == nil && !seenQ[nt.Queue] {
 			seenQ[nt.Queue] = true
 			qnames = append(qnames, nt.Queue)
 		}
 		k := [2]string{nt.Queue, nt.ConcurrencyKey}
-		if _, ok := t.sqByKey[k]; !ok && !seenSQ[k] {
+		if t.HeldSubqueueByKey(k[0], k[1]) == nil && !seenSQ[k] {
 			seenSQ[k] = true
 			sqQueues, sqKeys = append(sqQueues, k[0]), append(sqKeys, k[1])
 		}
@@ -165,11 +131,11 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 		t.exec("creating queues", `INSERT INTO queues (name, created_at, updated_at) SELECT n, $2, $2 FROM unnest($1::text[]) AS n
 			ON CONFLICT (name) DO NOTHING`, qnames, t.now)
 		t.queueQuery("reading queues", `SELECT `+qCols+` FROM queues q WHERE q.name = ANY($1)`, []any{qnames}, func(rows pgx.Rows) error {
-			q := &queueRow{}
-			if err := rows.Scan(q.dest()...); err != nil {
+			q := &flow.Queue{}
+			if err := rows.Scan(q.Dest()...); err != nil {
 				return err
 			}
-			t.useQueue(q)
+			t.UseQueue(q)
 			return nil
 		})
 	}
@@ -179,11 +145,11 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 			WHERE q.name = v.queue ON CONFLICT (queue, ckey) DO NOTHING`, sqQueues, sqKeys)
 		t.queueQuery("reading sub-queues", `SELECT `+sqCols+` FROM subqueues s JOIN unnest($1::text[], $2::text[]) AS v(queue, ckey)
 			ON s.queue = v.queue AND s.ckey = v.ckey`, []any{sqQueues, sqKeys}, func(rows pgx.Rows) error {
-			sq := &sqRow{}
-			if err := rows.Scan(sq.dest()...); err != nil {
+			sq := &flow.Subqueue{}
+			if err := rows.Scan(sq.Dest()...); err != nil {
 				return err
 			}
-			t.useSQ(sq)
+			t.UseSubqueue(sq)
 			return nil
 		})
 	}
@@ -227,55 +193,24 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 	)
 	for j, i := range fresh {
 		nt := &tasks[i]
-		q := t.queues[nt.Queue]
-		sq := t.sqByKey[[2]string{nt.Queue, nt.ConcurrencyKey}]
+		q := t.HeldQueue(nt.Queue)
+		sq := t.HeldSubqueueByKey(nt.Queue, nt.ConcurrencyKey)
 		if q == nil || sq == nil {
 			return fmt.Errorf("inserting task: queue %q or its sub-queue %q missing", nt.Queue, nt.ConcurrencyKey)
 		}
-		runAt := t.now
-		if !nt.RunAt.IsZero() && us(nt.RunAt) > t.now {
-			runAt = us(nt.RunAt)
-		}
-		var state sluice.TaskState
-		var rank int64
-		switch {
-		case runAt > t.now:
-			state = sluice.StateScheduled
-		case !q.paused && sq.queued == 0 && sq.hasRoom() && t.env.hasRoom():
-			state = sluice.StateReady
-			rank = t.take(sq, 1)
-		default:
-			state = t.enqueueWaiting(q, sq)
-		}
-		q.active++
-		t.env.active++
-		q.dirty, t.env.dirty = true, true
-
-		var deadlineAt *time.Time
-		if nt.DispatchDeadline > 0 {
-			d := t.now + nt.DispatchDeadline.Microseconds()
-			deadlines[j] = &d
-			dt := fromUS(d)
-			deadlineAt = &dt
+		runAt := nt.RunAtUS(t.now)
+		state, rank, err := t.Enter(sq, q, runAt > t.now)
+		if err != nil {
+			return err
 		}
 		if nt.IdempotencyKey != "" {
 			idems[j] = &nt.IdempotencyKey
 		}
-		input := store.JSONOrNull(nt.Input)
 		kinds[j], queues[j], ckeys[j], states[j] = nt.Kind, nt.Queue, nt.ConcurrencyKey, string(state)
-		sqs[j], timeouts[j], runAts[j], ranks[j] = sq.id, nt.Timeout.Microseconds(), runAt, rank
-		priorities[j], maxAttempts[j] = nt.Priority, nt.MaxAttempts
-		paused[j], inputs[j] = pausedFrom(state), input
-		task := &sluice.Task{
-			ID: t.ids[j], Kind: nt.Kind, Queue: nt.Queue, ConcurrencyKey: nt.ConcurrencyKey, Priority: nt.Priority,
-			State: state, MaxAttempts: nt.MaxAttempts, Input: input, Output: []byte("null"),
-			Timeout: sluice.Duration(nt.Timeout), RunAt: fromUS(runAt), DispatchDeadlineAt: deadlineAt,
-			IdempotencyKey: nt.IdempotencyKey, CreatedAt: fromUS(t.now), Attempts: []sluice.Attempt{},
-		}
-		if state == sluice.StatePaused {
-			task.PausedFrom = sluice.StateQueued
-		}
-		results[i] = store.EnqueueResult{Task: task, Created: true}
+		sqs[j], timeouts[j], runAts[j], ranks[j] = sq.ID(), nt.Timeout.Microseconds(), runAt, rank
+		priorities[j], maxAttempts[j], deadlines[j] = nt.Priority, nt.MaxAttempts, nt.DeadlineUS(t.now)
+		paused[j], inputs[j] = flow.PausedFrom(state), store.JSONOrNull(nt.Input)
+		results[i] = store.EnqueueResult{Task: nt.Inserted(t.ids[j], state, runAt, t.now), Created: true}
 	}
 	t.exec("inserting tasks", `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
 			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank)
@@ -294,52 +229,6 @@ const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_f
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 
-// taskScan holds the nullable columns of a task while scanning.
-type taskScan struct {
-	task                                 sluice.Task
-	state                                string
-	pausedFrom, idem, workerID           *string
-	input, output                        []byte
-	timeoutUS, runAt, createdAt          int64
-	deadline, started, finished, leaseAt *int64
-	after                                *int64
-}
-
-func (x *taskScan) dest() []any {
-	t := &x.task
-	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
-		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
-		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after}
-}
-
-func (x *taskScan) result() *sluice.Task {
-	task := x.task
-	deref := func(p *string) string {
-		if p == nil {
-			return ""
-		}
-		return *p
-	}
-	task.State = sluice.TaskState(x.state)
-	task.PausedFrom = sluice.TaskState(deref(x.pausedFrom))
-	task.IdempotencyKey = deref(x.idem)
-	task.WorkerID = deref(x.workerID)
-	if x.after != nil {
-		task.After = *x.after
-	}
-	task.Input = store.JSONOrNull(x.input)
-	task.Output = store.JSONOrNull(x.output)
-	task.Timeout = sluice.Duration(time.Duration(x.timeoutUS) * time.Microsecond)
-	task.RunAt = fromUS(x.runAt)
-	task.CreatedAt = fromUS(x.createdAt)
-	task.DispatchDeadlineAt = fromNullUS(x.deadline)
-	task.StartedAt = fromNullUS(x.started)
-	task.FinishedAt = fromNullUS(x.finished)
-	task.LeaseExpiresAt = fromNullUS(x.leaseAt)
-	task.Attempts = []sluice.Attempt{}
-	return &task
-}
-
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
@@ -356,21 +245,21 @@ func getTask(ctx context.Context, db querier, id int64) (*sluice.Task, error) {
 	defer rows.Close()
 	var task *sluice.Task
 	for rows.Next() {
-		var x taskScan
+		var x store.TaskRow
 		var (
 			attempt             *int
 			worker, state, msg  *string
 			aStarted, aFinished *int64
 		)
-		if err := rows.Scan(append(x.dest(), &attempt, &worker, &aStarted, &aFinished, &state, &msg)...); err != nil {
+		if err := rows.Scan(append(x.Dest(), &attempt, &worker, &aStarted, &aFinished, &state, &msg)...); err != nil {
 			return nil, fmt.Errorf("reading task %d: %w", id, err)
 		}
 		if task == nil {
-			task = x.result()
+			task = x.Task()
 		}
 		if attempt != nil {
-			task.Attempts = append(task.Attempts, sluice.Attempt{Attempt: *attempt, WorkerID: *worker, StartedAt: fromUS(*aStarted),
-				FinishedAt: fromNullUS(aFinished), State: sluice.TaskState(*state), Error: *msg})
+			task.Attempts = append(task.Attempts, sluice.Attempt{Attempt: *attempt, WorkerID: *worker, StartedAt: store.FromUS(*aStarted),
+				FinishedAt: store.FromNullUS(aFinished), State: sluice.TaskState(*state), Error: *msg})
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -379,9 +268,7 @@ func getTask(ctx context.Context, db querier, id int64) (*sluice.Task, error) {
 	if task == nil {
 		return nil, sluice.NotFound("task %d not found", id)
 	}
-	if task.State == sluice.StateRunning && task.StartedAt != nil {
-		task.Attempts = append(task.Attempts, sluice.Attempt{Attempt: task.Attempt, WorkerID: task.WorkerID, StartedAt: *task.StartedAt, State: sluice.StateRunning})
-	}
+	store.AddRunningAttempt(task)
 	return task, nil
 }
 
@@ -392,58 +279,23 @@ func (s *Store) GetTask(ctx context.Context, id int64) (*sluice.Task, error) {
 
 // ListTasks returns up to f.Limit+1 tasks newest first.
 func (s *Store) ListTasks(ctx context.Context, f sluice.TaskFilter, afterID int64) ([]sluice.Task, error) {
-	var where []string
-	var args []any
-	arg := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, cond+" $"+strconv.Itoa(len(args)))
-	}
-	if f.State != "" {
-		if f.State.Terminal() {
-			// A literal, so the planner can use tasks_finished_state
-			// (a partial index) for the newest tasks in that state.
-			where = append(where, "t.state = '"+string(f.State)+"'")
-		} else {
-			arg("t.state =", string(f.State))
+	return store.ListTasks(ctx, s.reader(), `SELECT `+taskCols+taskFrom, f, afterID, func(n int, col string, v any) (string, bool) {
+		if st, ok := v.(string); ok && col == "t.state" && sluice.TaskState(st).Terminal() {
+			// A literal, so the planner can use tasks_finished_state (a
+			// partial index) for the newest tasks in that state.
+			return "'" + st + "'", false
 		}
-	}
-	if f.Queue != "" {
-		arg("t.queue =", f.Queue)
-	}
-	if f.Kind != "" {
-		arg("t.kind =", f.Kind)
-	}
-	if afterID > 0 {
-		arg("t.id <", afterID)
-	}
-	q := `SELECT ` + taskCols + taskFrom
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	q += " ORDER BY t.id DESC LIMIT " + strconv.Itoa(f.Limit+1)
-	rows, err := s.pool.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("listing tasks: %w", err)
-	}
-	defer rows.Close()
-	var out []sluice.Task
-	for rows.Next() {
-		var x taskScan
-		if err := rows.Scan(x.dest()...); err != nil {
-			return nil, fmt.Errorf("listing tasks: %w", err)
-		}
-		out = append(out, *x.result())
-	}
-	return out, rows.Err()
+		return "$" + strconv.Itoa(n), true
+	})
 }
 
 // CancelTask cancels a task; see store.Store.
 func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.Outcome, error) {
 	o, err := s.write(ctx, func(t *txn) error {
 		var state string
-		sq, q := &sqRow{}, &queueRow{}
+		sq, q := &flow.Subqueue{}, &flow.Queue{}
 		found, err := t.queryRow("cancel", `SELECT t.state, `+sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq
-			JOIN queues q ON q.name = t.queue WHERE t.id = $1`, []any{id}, append(append([]any{&state}, sq.dest()...), q.dest()...)...)
+			JOIN queues q ON q.name = t.queue WHERE t.id = $1`, []any{id}, append(append([]any{&state}, sq.Dest()...), q.Dest()...)...)
 		if err != nil {
 			return err
 		}
@@ -467,9 +319,10 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 				return err
 			}
 		}
-		t.cancelWaiting(id, st, t.useSQ(sq), t.useQueue(q), "cancelled")
-		t.unreserve(rest)
-		return nil
+		if err := t.cancelWaiting(id, st, t.UseSubqueue(sq), t.UseQueue(q), "cancelled"); err != nil {
+			return err
+		}
+		return t.unreserve(rest)
 	})
 	if err != nil {
 		return nil, o, err
@@ -482,19 +335,15 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 // missed dispatch deadline, failed) and frees what it held. Its write is
 // queued. A reserved task (handover) holds no slot and is not counted as
 // queued: it only leaves its worker.
-func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sq *sqRow, q *queueRow, reason string) {
-	switch state {
-	case sluice.StateReady:
-		t.release(sq)
-	case sluice.StateQueued:
-		sq.queued--
-		sq.dirty = true
-	}
-	t.finish(q)
+func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sq *flow.Subqueue, q *flow.Queue, reason string) error {
 	final, msg := sluice.StateCancelled, ""
 	if reason != "cancelled" {
 		final, msg = sluice.StateFailed, reason
 	}
+	if err := t.Move(sq, q, state, final); err != nil {
+		return err
+	}
 	t.exec("ending task", `UPDATE tasks SET state = $1, error = $2, finished_at = $3, paused_from = NULL, worker_id = NULL, after_id = NULL WHERE id = $4`,
 		string(final), msg, t.now, id)
+	return nil
 }

@@ -2,19 +2,18 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
-func nullInt(p *int) any {
-	if p == nil {
-		return nil
-	}
-	return int64(*p)
-}
+// Queues, pause and the environment limit. The Store methods here mirror
+// the PostgreSQL store's queues.go one for one; what they share lives in
+// the flow-control core (flow) and in package store (GetQueue,
+// ListQueues, CheckCounters…), and what is written twice is each
+// method's shell around this store's own statements (which is why
+// `duplicates` still pairs the two files).
 
 // PutQueue creates or reconfigures a queue. A raised limit is filled at
 // once; a lowered one lets running tasks finish and promotes nothing until
@@ -24,17 +23,17 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 		if _, err := t.exec(`INSERT INTO queues (name, concurrency_limit, max_backlog, handover, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
 				handover = excluded.handover, updated_at = excluded.updated_at`,
-			name, nullInt(p.ConcurrencyLimit), nullInt(p.MaxBacklog), p.Handover, t.now, t.now); err != nil {
+			name, store.Int64Ptr(p.ConcurrencyLimit), store.Int64Ptr(p.MaxBacklog), p.Handover, t.now, t.now); err != nil {
 			return fmt.Errorf("writing queue: %w", err)
 		}
-		if _, err := t.exec(`UPDATE subqueues SET lim = ? WHERE queue = ?`, nullInt(p.ConcurrencyLimit), name); err != nil {
+		if _, err := t.exec(`UPDATE subqueues SET lim = ? WHERE queue = ?`, store.Int64Ptr(p.ConcurrencyLimit), name); err != nil {
 			return err
 		}
 		if !p.Handover {
 			// Handover off: reserved tasks return to the wait list (a
 			// successor already started at this instant is answered
 			// "lost" and stopped by its worker).
-			return t.releaseReserved(`queue = ?`, name)
+			return t.unreserve(`queue = ?`, name)
 		}
 		return nil
 	})
@@ -48,92 +47,16 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name)`
 
-func scanQueue(row interface{ Scan(...any) error }) (*sluice.Queue, error) {
-	var q sluice.Queue
-	var lim, backlog sql.NullInt64
-	var created, updated int64
-	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running); err != nil {
-		return nil, err
-	}
-	if lim.Valid {
-		v := int(lim.Int64)
-		q.ConcurrencyLimit = &v
-	}
-	if backlog.Valid {
-		v := int(backlog.Int64)
-		q.MaxBacklog = &v
-	}
-	q.CreatedAt, q.UpdatedAt = fromUS(created), fromUS(updated)
-	q.Counts = map[sluice.TaskState]int{}
-	for _, st := range sluice.AllStates {
-		q.Counts[st] = 0
-	}
-	return &q, nil
-}
-
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
-	q, err := scanQueue(s.r.QueryRowContext(ctx, `SELECT `+queueCols+` FROM queues WHERE name = ?`, name))
-	if err == sql.ErrNoRows {
-		return nil, sluice.NotFound("queue %q not found", name)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading queue: %w", err)
-	}
-	rows, err := s.r.QueryContext(ctx, `SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state`, name)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var st sluice.TaskState
-		var n int
-		if err := rows.Scan(&st, &n); err != nil {
-			return nil, err
-		}
-		q.Counts[st] = n
-	}
-	return q, rows.Err()
+	return store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = ?`,
+		`SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state`, name)
 }
 
 // ListQueues returns every queue with counts, by name.
 func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+queueCols+` FROM queues ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("listing queues: %w", err)
-	}
-	var out []sluice.Queue
-	idx := map[string]int{}
-	for rows.Next() {
-		q, err := scanQueue(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		idx[q.Name] = len(out)
-		out = append(out, *q)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	rows, err = s.r.QueryContext(ctx, `SELECT queue, state, count(*) FROM tasks GROUP BY queue, state`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var st sluice.TaskState
-		var n int
-		if err := rows.Scan(&name, &st, &n); err != nil {
-			return nil, err
-		}
-		if i, ok := idx[name]; ok {
-			out[i].Counts[st] = n
-		}
-	}
-	return out, rows.Err()
+	return store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name`,
+		`SELECT queue, state, count(*) FROM tasks GROUP BY queue, state`)
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).
@@ -143,11 +66,8 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 		if err != nil {
 			return err
 		}
-		if q.paused == paused {
+		if q.Paused() == paused {
 			return nil // already so: nothing changes
-		}
-		if _, err := t.loadEnv(); err != nil {
-			return err
 		}
 		if _, err := t.exec(`UPDATE queues SET paused = ?, updated_at = ? WHERE name = ?`, paused, t.now, name); err != nil {
 			return err
@@ -168,7 +88,10 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 }
 
 // pauseTasks parks the queue's waiting tasks: ready ones give their slots
-// back, and all return to queued on resume, in their original order.
+// back, and all return to queued on resume, in their original order. The
+// moves are set-based (flow.Counters.MoveSet): these statements apply
+// their effect to the queue's sub-queues, none of which this transaction
+// holds, so no flush overwrites them.
 func (t *txn) pauseTasks(name string) error {
 	rows, err := t.tx.QueryContext(t.ctx, `SELECT sq, count(*) FROM tasks WHERE queue = ? AND state = 'ready' GROUP BY sq`, name)
 	if err != nil {
@@ -185,11 +108,17 @@ func (t *txn) pauseTasks(name string) error {
 	}
 	rows.Close()
 	for sqID, n := range held {
+		// ready → paused: the slots go back.
+		if _, err := t.MoveSet(sluice.StateReady, sluice.StatePaused, n); err != nil {
+			return err
+		}
 		if _, err := t.exec(`UPDATE subqueues SET running = running - ? WHERE id = ?`, n, sqID); err != nil {
 			return err
 		}
-		t.env.running -= n
-		t.env.dirty = true
+	}
+	// queued → paused: off the wait lists.
+	if _, err := t.MoveSet(sluice.StateQueued, sluice.StatePaused, -1); err != nil {
+		return err
 	}
 	if _, err := t.exec(`UPDATE subqueues SET queued = 0 WHERE queue = ?`, name); err != nil {
 		return err
@@ -201,6 +130,10 @@ func (t *txn) pauseTasks(name string) error {
 // resumeTasks returns paused tasks to the state they left; the refill
 // after the transaction promotes what the limits allow.
 func (t *txn) resumeTasks(name string) error {
+	// paused → queued: back on the wait lists, counted again below.
+	if _, err := t.MoveSet(sluice.StatePaused, sluice.StateQueued, -1); err != nil {
+		return err
+	}
 	if _, err := t.exec(`UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = ? AND state = 'paused'`, name); err != nil {
 		return err
 	}
@@ -211,57 +144,28 @@ func (t *txn) resumeTasks(name string) error {
 // SetEnvLimit sets the environment limit on running tasks.
 func (s *Store) SetEnvLimit(ctx context.Context, maxRunning int) (store.Outcome, error) {
 	return s.write(ctx, func(t *txn) error {
-		_, err := t.exec(`UPDATE env SET max_running = ? WHERE id = 1`, maxRunning)
-		return err
+		// The env row is held from the transaction's start: change the
+		// copy, which the flush writes and the refill reads.
+		t.Env.SetMaxRunning(int64(maxRunning))
+		return nil
 	})
 }
 
 // EnvStatus returns the environment counters.
 func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
-	var e store.EnvStatus
-	err := s.r.QueryRowContext(ctx, `SELECT max_running, running, active FROM env WHERE id = 1`).Scan(&e.MaxRunning, &e.Running, &e.Active)
-	return e, err
+	return store.GetEnvStatus(ctx, s.reader(), `SELECT max_running, running, active FROM env WHERE id = 1`)
 }
 
 // SubqueueStatus returns the sub-queue of a task.
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
-	var st store.SubqueueStatus
-	var lim sql.NullInt64
-	err := s.r.QueryRowContext(ctx, `SELECT s.queue, s.ckey, s.lim, s.running, s.paused FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ?`, taskID).
-		Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.Paused)
-	if err == sql.ErrNoRows {
-		return nil, sluice.NotFound("task %d not found", taskID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if lim.Valid {
-		v := int(lim.Int64)
-		st.Limit = &v
-	}
-	return &st, nil
+	return store.GetSubqueueStatus(ctx, s.reader(),
+		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ?`, taskID)
 }
 
 // CheckCounters recomputes the counters from the tasks; see store.Store.
 func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
-	var bad []string
-	check := func(what string, q string) error {
-		rows, err := s.w.QueryContext(ctx, q)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var key string
-			var have, want int64
-			if err := rows.Scan(&key, &have, &want); err != nil {
-				return err
-			}
-			bad = append(bad, fmt.Sprintf("%s %s: counter %d, actual %d", what, key, have, want))
-		}
-		return rows.Err()
-	}
-	for _, c := range []struct{ what, q string }{
+	// On the writer connection: it sees every commit.
+	return store.CheckCounters(ctx, reader{s.w}, [][2]string{
 		{"sub-queue running", `SELECT s.queue || '/' || s.ckey, s.running, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state IN ('ready', 'running')) AS n FROM subqueues s WHERE s.running != n`},
 		{"sub-queue queued", `SELECT s.queue || '/' || s.ckey, s.queued, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'queued') AS n FROM subqueues s WHERE s.queued != n`},
 		{"sub-queue over limit", `SELECT s.queue || '/' || s.ckey, s.running, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.running > s.lim`},
@@ -282,10 +186,5 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0 FROM subqueues s, env e
 			WHERE s.queued > 0 AND s.paused = 0 AND (s.lim IS NULL OR s.running < s.lim) AND (e.max_running = 0 OR e.running < e.max_running)`},
-	} {
-		if err := check(c.what, c.q); err != nil {
-			return nil, err
-		}
-	}
-	return bad, nil
+	})
 }

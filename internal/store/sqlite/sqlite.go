@@ -9,19 +9,20 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
-	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite" // driver "sqlite"
+	_ "modernc.org/sqlite"
 
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
+// The schema is written once per dialect: the migrations mirror the
+// PostgreSQL store's (types, partial indexes and their names), the one
+// duplicate between the stores that cannot be shared.
+//
 //go:embed migrations/*.sql
 var migrations embed.FS
 
@@ -30,7 +31,7 @@ type Store struct {
 	w *sql.DB // the single writer connection
 	r *sql.DB // readers
 
-	clock atomic.Pointer[func() time.Time]
+	clock store.Clock
 	depth store.DepthSetting // handover depth (SetHandoverDepth)
 
 	stmtMu      sync.Mutex
@@ -106,19 +107,14 @@ func Open(ctx context.Context, path string) (*Store, error) {
 }
 
 // SetClock replaces the clock; see store.Store.
-func (s *Store) SetClock(now func() time.Time) { s.clock.Store(&now) }
+func (s *Store) SetClock(now func() time.Time) { s.clock.Set(now) }
 
 // SetHandoverDepth sets the handover depth; see store.Store.
 func (s *Store) SetHandoverDepth(n int) { s.depth.Set(n) }
 
 // now reads the clock. Write transactions call it after BEGIN IMMEDIATE,
 // once they hold the write lock.
-func (s *Store) now() time.Time {
-	if c := s.clock.Load(); c != nil {
-		return (*c)()
-	}
-	return time.Now()
-}
+func (s *Store) now() time.Time { return s.clock.Now() }
 
 // Close closes the database.
 func (s *Store) Close() error {
@@ -130,6 +126,19 @@ func (s *Store) Close() error {
 	return err
 }
 
+// reader runs the shared reads (store.Reader) on the read connections.
+func (s *Store) reader() store.Reader { return reader{s.r} }
+
+type reader struct{ db *sql.DB }
+
+func (r reader) Query(ctx context.Context, q string, args ...any) (store.Rows, func(), error) {
+	rows, err := r.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rows, func() { rows.Close() }, nil
+}
+
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	var one int
@@ -137,14 +146,7 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Migrations lists the embedded migration names in order.
-func Migrations() []string {
-	names, _ := fs.Glob(migrations, "migrations/*.sql")
-	sort.Strings(names)
-	for i, n := range names {
-		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
-	}
-	return names
-}
+func Migrations() []string { return store.MigrationNames(migrations) }
 
 // Migrate applies pending migrations, each in its own transaction.
 func (s *Store) Migrate(ctx context.Context) ([]string, error) {
@@ -185,34 +187,4 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 		}
 	}
 	return applied, nil
-}
-
-// tx runs fn in a write transaction (BEGIN IMMEDIATE).
-func (s *Store) tx(ctx context.Context, fn func(tx *wtx) error) error {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer s.preparePending(ctx)
-	if err := fn(&wtx{Tx: tx, s: s}); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-// Time helpers: the schema stores unix microseconds.
-func us(t time.Time) int64 { return t.UnixMicro() }
-
-func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
-
-func fromNullUS(v sql.NullInt64) *time.Time {
-	if !v.Valid {
-		return nil
-	}
-	t := fromUS(v.Int64)
-	return &t
 }

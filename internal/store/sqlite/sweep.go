@@ -9,8 +9,16 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
+// The background passes: due tasks (PromoteDue), expired leases and
+// timeouts (SweepExpired, dropWorkers), dispatch deadlines and retention.
+// They mirror the PostgreSQL store's sweep.go method for method, each the
+// shell around this store's statements (what `duplicates` pairs in the
+// two files); the moves go through the flow core, the end of an attempt
+// through endAttempt (attempt.go).
+//
 // The background queries below name their partial index (INDEXED BY):
 // without statistics SQLite prefers an equality lookup on tasks_state,
 // which reads every task in that state — a million blocked tasks made each
@@ -55,12 +63,11 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 			if err != nil {
 				return err
 			}
-			state := t.enqueueWaiting(q, sq)
-			var pausedFrom any
-			if state == sluice.StatePaused {
-				pausedFrom = string(sluice.StateQueued)
+			state := q.WaitState()
+			if err := t.Move(sq, q, sluice.StateScheduled, state); err != nil {
+				return err
 			}
-			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE id = ?`, state, pausedFrom, d.id); err != nil {
+			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE id = ?`, state, flow.PausedFrom(state), d.id); err != nil {
 				return err
 			}
 		}
@@ -70,7 +77,7 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 			return err
 		}
 		if nextUS.Valid {
-			next = fromUS(nextUS.Int64)
+			next = store.FromUS(nextUS.Int64)
 		}
 		return nil
 	})
@@ -104,10 +111,12 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			if _, err := t.exec(`DELETE FROM workers WHERE id = ?`, id); err != nil {
 				return err
 			}
-			if err := t.dropWorker(id, store.LeaseExpiredReason(id)); err != nil {
+			n++
+		}
+		if len(dead) > 0 {
+			if err := t.dropWorkers(dead, store.LeaseExpiredReason); err != nil {
 				return err
 			}
-			n++
 		}
 		rows, err = t.tx.QueryContext(ctx, `SELECT `+runningCols+`, timeout_us FROM tasks INDEXED BY tasks_timeout WHERE state = 'running' AND timeout_at IS NOT NULL AND timeout_at < ? LIMIT ?`, t.now, limit)
 		if err != nil {
@@ -132,7 +141,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			return err
 		}
 		for _, to := range list {
-			if err := t.endAttempt(to.rt, outcome{err: store.TimeoutReason(to.timeout), backoff: backoff}); err != nil {
+			if err := t.endAttempt(to.rt, store.AttemptOutcome{Err: store.TimeoutReason(to.timeout), Backoff: backoff}); err != nil {
 				return err
 			}
 			n++
@@ -190,7 +199,7 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 	var n int
 	err := s.tx(ctx, func(tx *wtx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT id FROM tasks INDEXED BY tasks_finished WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < ?
-			ORDER BY finished_at LIMIT ?`, us(before), limit)
+			ORDER BY finished_at LIMIT ?`, store.US(before), limit)
 		if err != nil {
 			return fmt.Errorf("retention: %w", err)
 		}
@@ -218,4 +227,48 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 		return nil
 	})
 	return n, err
+}
+
+// dropWorkers ends the attempts gone workers still hold; each goes back
+// to the flow at once (no backoff), counted as an attempt.
+//
+// Their reserved tasks (handover) go back to the wait list first, their
+// attempts not counted, as when their predecessor times out: the server
+// never saw them start. One its worker started on its predecessor's slot
+// in the last round trip before it died runs again, under the same
+// attempt number (store.Handover). Ending the running tasks then finds
+// no chain reserved after them (unreserveAfter moves only reserved tasks),
+// so nothing is counted twice.
+func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
+	for _, workerID := range workerIDs {
+		if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
+			return err
+		}
+		if err := t.unreserve(`worker_id = ?`, workerID); err != nil {
+			return err
+		}
+		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+		if err != nil {
+			return err
+		}
+		var held []*runningTask
+		for rows.Next() {
+			rt, err := scanRunning(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			held = append(held, rt)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, rt := range held {
+			if err := t.endAttempt(rt, store.AttemptOutcome{Err: reason(workerID), RetryAfter: -1}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

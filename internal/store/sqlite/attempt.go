@@ -1,0 +1,74 @@
+package sqlite
+
+import (
+	"fmt"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
+)
+
+// The end of an attempt: its record, and the task's move on (succeeded,
+// failed, cancelled, or back to scheduled or the wait list for a retry),
+// releasing its slots. Results reported by workers come through
+// complete.go; timeouts and gone workers through sweep.go.
+
+// runningTask is what ending an attempt needs to know of a running task.
+type runningTask struct {
+	id, sq               int64
+	queue, workerID      string
+	attempt, maxAttempts int
+	startedAt            int64
+	cancelRequested      bool
+	createdAt            int64
+	// handingOver: the task's result names a successor; the caller hands
+	// over to it (or releases it) instead of endAttempt releasing it.
+	handingOver bool
+}
+
+const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at`
+
+func scanRunning(row interface{ Scan(...any) error }) (*runningTask, error) {
+	r := &runningTask{}
+	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt)
+	return r, err
+}
+
+// endAttempt records the attempt, moves the task on (succeeded, failed,
+// cancelled, or back to scheduled/queued for a retry) and releases its
+// slots.
+func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
+	sq, err := t.subqueue(r.sq)
+	if err != nil {
+		return err
+	}
+	q, err := t.queue(r.queue, false)
+	if err != nil {
+		return err
+	}
+	if q.Handover() && !r.handingOver {
+		if err := t.unreserveAfter(r.id); err != nil {
+			return err
+		}
+	}
+	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, q.WaitState())
+	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		r.id, r.attempt, r.workerID, r.startedAt, t.now, rec, o.Err); err != nil {
+		return fmt.Errorf("recording attempt: %w", err)
+	}
+	if err := t.Move(sq, q, sluice.StateRunning, state); err != nil {
+		return err
+	}
+	if state.Terminal() {
+		var output any
+		if o.OK {
+			output = o.Output
+		}
+		_, err = t.exec(`UPDATE tasks SET state = ?, output = ?, error = ?, finished_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+			state, output, o.Err, t.now, r.id)
+		return err
+	}
+	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+		state, flow.PausedFrom(state), o.Err, runAt, r.id)
+	return err
+}

@@ -1,0 +1,82 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
+)
+
+// A write transaction: every write goes through a txn, which holds the
+// counter rows it reads (flow.Counters) and, before the commit, writes
+// them back (flush) and refills freed slots (fill, flow.go).
+
+// txn is one write transaction with the counter rows it holds
+// (flow.Counters): counter changes accumulate in memory, through the
+// flow-control core's transition table, and are written by flush, before
+// the refill and the commit.
+type txn struct {
+	ctx context.Context
+	tx  *wtx
+	now int64
+	flow.Counters
+	depth int // handover depth (Store.SetHandoverDepth)
+}
+
+// write runs fn in a write transaction, then writes the counters and
+// refills freed slots before the commit.
+func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
+	var o store.Outcome
+	err := s.tx(ctx, func(tx *wtx) error {
+		var err error
+		o, err = s.writeIn(ctx, tx, fn)
+		return err
+	})
+	return o, err
+}
+
+// writeIn is write within a transaction already begun.
+func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (store.Outcome, error) {
+	var o store.Outcome
+	t := &txn{ctx: ctx, tx: tx, now: store.US(s.now()), depth: s.depth.Get()}
+	// Every write transaction ends with the refill, which needs the env
+	// row: read it first.
+	t.Env = &flow.Env{}
+	if err := tx.QueryRowContext(ctx, `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1`).Scan(t.Env.Dest()...); err != nil {
+		return o, fmt.Errorf("reading env: %w", err)
+	}
+	if err := fn(t); err != nil {
+		return o, err
+	}
+	if err := t.flush(); err != nil {
+		return o, err
+	}
+	if err := t.fill(); err != nil {
+		return o, err
+	}
+	o.Readied = t.Readied()
+	return o, nil
+}
+
+func (t *txn) exec(q string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(t.ctx, q, args...)
+}
+
+// tx runs fn in a write transaction (BEGIN IMMEDIATE).
+func (s *Store) tx(ctx context.Context, fn func(tx *wtx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer s.preparePending(ctx)
+	if err := fn(&wtx{Tx: tx, s: s}); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
