@@ -67,7 +67,7 @@ func Conflict(format string, args ...any) *Error {
 	return &Error{Code: CodeConflict, Message: fmt.Sprintf(format, args...)}
 }
 
-// AdmissionError rejects a trigger over an admission ceiling (S-FC6).
+// AdmissionError rejects a trigger over an admission ceiling.
 // Nothing was created. The HTTP API answers 429 with Retry-After.
 type AdmissionError struct {
 	// Ceiling names what is full, e.g. `environment max_active 1000` or

@@ -130,7 +130,7 @@ type Task struct {
 	PausedFrom TaskState `json:"paused_from,omitempty"`
 	// After is the running task a reserved task follows (state reserved).
 	After int64 `json:"after,omitempty"`
-	// Explain says why a non-terminal task is not running (S-FC9).
+	// Explain says why a non-terminal task is not running.
 	Explain  string    `json:"explain"`
 	Attempts []Attempt `json:"attempts"`
 }
