@@ -18,13 +18,14 @@ type fakeBackend struct {
 	mu      sync.Mutex
 	nextID  int64
 	ready   []ClaimedTask
-	wake    chan struct{} // closed when ready or pendingClaimCancel grows
+	wake    chan struct{} // closed when ready or pendingClaimCancel grows (capClaims: or slots free)
 	leased  map[int64]int // task id → leased attempt
 	claimed int64         // tasks handed out, ever
 
 	// Records.
 	registered   []RegisterWorkerParams
-	claims       []ClaimParams
+	claims       []ClaimParams // claims answered with tasks or at once
+	claimAsks    []int         // ClaimParams.Max of every claim call, as it came
 	claimSizes   []int
 	results      map[int64][]TaskResult // accepted results
 	reported     map[int64]int          // every reported result, stale too
@@ -43,6 +44,18 @@ type fakeBackend struct {
 	// piggyback makes Complete hand out up to CompleteParams.Claim ready
 	// tasks, as the server does.
 	piggyback bool
+	// endless: the ready list never runs dry; tasks of kind "test" are
+	// made as claims and completions need them.
+	endless bool
+	// capClaims makes Claim, as the server, hand out no more than the
+	// worker's free slots by its count (slots less the tasks it holds); a
+	// long-poll that finds none waits to be woken, and, as in the engine,
+	// a completion that claims does not wake it (its own claim took what
+	// it could): only one that claims nothing, a release or new tasks do.
+	capClaims bool
+	// piggySizes records how many tasks each complete call that asked for
+	// some was handed.
+	piggySizes []int
 	// loseCompleteAnswers fails this many completes that claimed tasks
 	// after handing them out (the answer lost on the way back).
 	loseCompleteAnswers int
@@ -228,6 +241,9 @@ func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams)
 	if workerID != "w1" {
 		return nil, NotFound("worker %q", workerID)
 	}
+	f.mu.Lock()
+	f.claimAsks = append(f.claimAsks, p.Max)
+	f.mu.Unlock()
 	var timer <-chan time.Time
 	if p.Wait > 0 {
 		t := time.NewTimer(p.Wait.D())
@@ -245,12 +261,16 @@ func (f *fakeBackend) Claim(ctx context.Context, workerID string, p ClaimParams)
 			f.mu.Unlock()
 			return nil, errors.New("fake: claim failed")
 		}
-		if len(f.ready) > 0 || len(f.pendingClaimCancel) > 0 || timer == nil {
+		f.fillLocked(p.Max)
+		n := min(p.Max, len(f.ready))
+		if f.capClaims {
+			n = max(0, min(n, f.registered[len(f.registered)-1].Slots-len(f.leased)))
+		}
+		if n > 0 || !f.capClaims && len(f.ready) > 0 || len(f.pendingClaimCancel) > 0 || timer == nil {
 			f.claims = append(f.claims, p)
 			if f.checkClaim != nil {
 				f.checkClaim(p, f.claimed)
 			}
-			n := min(p.Max, len(f.ready))
 			res := &ClaimResult{Tasks: f.leaseOutLocked(n), Cancel: f.pendingClaimCancel}
 			f.pendingClaimCancel = nil
 			f.claimSizes = append(f.claimSizes, n)
@@ -323,13 +343,18 @@ func (f *fakeBackend) Complete(ctx context.Context, _ string, p CompleteParams) 
 		// As the server: never more than the worker's free slots by
 		// its count (tasks leased and not yet completed).
 		free := f.registered[len(f.registered)-1].Slots - len(f.leased)
+		f.fillLocked(p.Claim)
 		n := max(0, min(p.Claim, len(f.ready), free))
 		res.Tasks = append(res.Tasks, f.leaseOutLocked(n)...)
 		f.piggybacked += int64(n)
+		f.piggySizes = append(f.piggySizes, n)
 		if n > 0 && f.loseCompleteAnswers > 0 {
 			f.loseCompleteAnswers--
 			return nil, errors.New("fake: connection reset after the complete committed")
 		}
+	}
+	if f.capClaims && (!f.piggyback || p.Claim == 0) {
+		f.wakeLocked() // the results freed slots for its long-poll
 	}
 	f.waiters = slices.DeleteFunc(f.waiters, func(w resultWaiter) bool {
 		if len(f.results) >= w.n {
@@ -363,6 +388,9 @@ func (f *fakeBackend) Heartbeat(_ context.Context, _ string, p HeartbeatParams) 
 func (f *fakeBackend) Release(_ context.Context, _ string, p ReleaseParams) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.capClaims {
+		f.wakeLocked()
+	}
 	for _, id := range p.TaskIDs {
 		delete(f.leased, id)
 		f.released = append(f.released, id)
@@ -464,6 +492,18 @@ func (f *fakeBackend) ResumeQueue(context.Context, string) (*Queue, error) {
 }
 func (f *fakeBackend) ListWorkers(context.Context) ([]WorkerInfo, error) {
 	return nil, errFakeUnimplemented
+}
+
+// fillLocked makes ready tasks until there are n, when endless (f.mu
+// held).
+func (f *fakeBackend) fillLocked(n int) {
+	if !f.endless {
+		return
+	}
+	for len(f.ready) < n {
+		f.nextID++
+		f.ready = append(f.ready, ClaimedTask{ID: f.nextID, Kind: "test", Attempt: 1, MaxAttempts: 3, Input: []byte("null")})
+	}
 }
 
 // leaseOutLocked hands out the first n ready tasks (f.mu held).

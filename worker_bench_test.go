@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -119,4 +120,62 @@ func BenchmarkTenThousandSleeps(b *testing.B) {
 		b.ReportMetric(drain.Seconds(), "drain-s")
 	}
 	b.ReportMetric(float64(vmHWM(b))/(1<<20), "peak-rss-MiB")
+}
+
+// BenchmarkWorkerClaimBatches measures how many tasks each claim call and
+// each complete call carries when claimable tasks never run out and
+// handlers return at once: one worker of 1,000 slots claiming up to 1,000
+// a call (as `sluice bench`), against a fake that, as the server, hands a
+// claim no more than the worker's free slots by its own count (slots less
+// the tasks whose results have not landed), parks a long-poll that finds
+// none until a completion that claims nothing frees some, and hands a
+// complete call's claim the slots its results freed (piggyback). A worker
+// whose claim loop claims the slots of results on their way to the
+// server parks there holding them, and the completions go on refilling
+// only the slots they held when it parked: few tasks a call, many calls a
+// task (docs/benchmarks.md, "The claim-loop cliff"). calls/ktask is claim
+// plus complete calls per 1,000 tasks; results/complete and tasks/claim
+// are the mean batches.
+func BenchmarkWorkerClaimBatches(b *testing.B) {
+	for _, delay := range []time.Duration{0, 500 * time.Microsecond} {
+		b.Run("complete-delay="+delay.String(), func(b *testing.B) {
+			f := newFakeBackend()
+			f.interval = time.Second
+			f.piggyback, f.endless, f.capClaims = true, true, true
+			f.completeDelay = delay
+			w := NewWorker(f, WorkerConfig{Slots: 1000, ClaimBatch: 1000, Logger: quiet})
+			w.Register("test", noop)
+			done := f.resultsReached(b.N)
+			start := time.Now()
+			stop := runWorker(b, w)
+			<-done
+			wall := time.Since(start)
+			var claims, claimed, completes, results int
+			var sizes, asks []int
+			f.locked(func() {
+				claims, completes = len(f.claimAsks), len(f.completeSize)
+				asks = slices.Clone(f.claimAsks[:min(len(f.claimAsks), 8)])
+				for _, n := range f.claimSizes {
+					claimed += n
+				}
+				for _, n := range f.completeSize {
+					results += n
+				}
+				sizes = slices.Clone(f.completeSize)
+			})
+			if err := stop(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/wall.Seconds(), "tasks/s")
+			b.ReportMetric(float64(claims+completes)*1000/float64(b.N), "calls/ktask")
+			b.ReportMetric(float64(results)/float64(max(completes, 1)), "results/complete")
+			b.ReportMetric(float64(claimed)/float64(max(claims, 1)), "tasks/claim")
+			if len(sizes) > 0 {
+				slices.Sort(sizes)
+				q := func(p float64) int { return sizes[int(p*float64(len(sizes)-1))] }
+				b.Logf("N=%d: %d claim calls (%d tasks; first asked for %v), %d complete calls; results a call: min %d, p10 %d, p50 %d, p90 %d, max %d",
+					b.N, claims, claimed, asks, completes, q(0), q(0.1), q(0.5), q(0.9), q(1))
+			}
+		})
+	}
 }

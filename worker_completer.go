@@ -9,8 +9,9 @@ import (
 
 // completer reports results: the executor queues them (queue), the
 // complete loop sends them in batches, each call asking for tasks for the
-// free slots (producer.piggyback) and starting what its answer brings
-// (producer.start).
+// slots its results freed, which are owed to it, and for any other free
+// slot no claim asks for (producer.piggyback), and starting what its
+// answer brings (producer.start).
 type completer struct {
 	w *Worker // for the backend, the held runs and the other roles
 
@@ -72,10 +73,13 @@ func (c *completer) queue(tr *taskRun) {
 // handlers of claimed tasks still running (resultLinger.left), once per
 // call, so short tasks claimed together end in one call.
 //
-// While claiming goes on (runCtx live), each call also asks for as many
-// new tasks as there are free slots (CompleteParams.Claim): a busy worker
-// gets its next tasks in the same round trip, the moment its results free
-// their slots, instead of waiting for its long-poll to be woken.
+// While claiming goes on (runCtx live), each call also asks for a new
+// task for each slot its results freed (CompleteParams.Claim; those slots
+// wait for it, the claim loop never asks for them) and for any other free
+// slot no claim asks for: a busy worker gets its next tasks in the same
+// round trip, the moment its results free their slots, instead of waiting
+// for its long-poll to be woken. Results that wait (behind a call in
+// flight, or lingering) keep their slots for the call that carries them.
 func (c *completer) loop(ctx, runCtx context.Context) {
 	var pending []*taskRun
 	done := make(chan completeCall, maxCompleteCalls)
@@ -89,7 +93,6 @@ func (c *completer) loop(ctx, runCtx context.Context) {
 		if linger != nil {
 			linger.Stop()
 			linger = nil
-			c.linger.lingering.Store(false)
 		}
 	}
 	defer stopLinger()
@@ -100,7 +103,6 @@ func (c *completer) loop(ctx, runCtx context.Context) {
 		if !failed && !flushing && !lingered && inflight == 0 && len(pending) > 0 {
 			if d := c.linger.left(); d > 0 {
 				linger, lingered = time.NewTimer(d), true
-				c.linger.lingering.Store(true)
 			}
 		}
 		if !failed && linger == nil {
@@ -123,7 +125,6 @@ func (c *completer) loop(ctx, runCtx context.Context) {
 		select {
 		case <-lingerC:
 			linger = nil
-			c.linger.lingering.Store(false)
 		case tr := <-c.results:
 			pending = append(pending, tr)
 			pending = c.topUp(pending)
@@ -183,25 +184,25 @@ func (c *completer) sendable(pending []*taskRun) (batch []*taskRun, handing bool
 // and lets their predecessors go. A successor whose result follows its
 // predecessor's in batch (WorkerRegistration.ChainResults) and that kept
 // its slot for a successor of its own (handovers.holdSlot) frees the slot
-// now: the server reserves nothing after a task that ended in the same
-// call, so the call may ask for a task for that slot instead.
+// now, owed to batch: the server reserves nothing after a task that ended
+// in the same call, so the call asks for a task for that slot instead.
 func (c *completer) unsent(pending, batch []*taskRun) []*taskRun {
 	in := make(map[*taskRun]bool, len(batch))
-	freed := 0
+	var freed []*taskRun
 	held := &c.w.held
 	held.mu.Lock()
 	for _, tr := range batch {
 		if tr.slotHeld && in[tr.pred] {
 			tr.slotHeld = false
-			freed++
+			freed = append(freed, tr)
 		}
 		in[tr] = true
 		tr.pred = nil
 		tr.inCall = true
 	}
 	held.mu.Unlock()
-	for range freed {
-		c.w.prod.freeSlot()
+	for _, tr := range freed {
+		c.w.prod.freeOwed(tr)
 	}
 	out := pending[:0]
 	for _, tr := range pending {
@@ -214,9 +215,11 @@ func (c *completer) unsent(pending, batch []*taskRun) []*taskRun {
 }
 
 // call sends one batch of results (those still to report), asks for
-// tasks for the free slots while claiming goes on, acts on the acks and
-// starts what the answer brings. It reports false when it gave up (the
-// shutdown's cleanup deadline).
+// tasks for the slots they freed (and other free slots no claim asks for)
+// while claiming goes on, acts on the acks and starts what the answer
+// brings. It reports false when it gave up (the shutdown's cleanup
+// deadline); the slots its results owed stay taken then, but claiming
+// has stopped by then.
 func (c *completer) call(ctx, runCtx context.Context, sent []*taskRun) bool {
 	w := c.w
 	params := make([]TaskResult, 0, len(sent))
@@ -227,11 +230,19 @@ func (c *completer) call(ctx, runCtx context.Context, sent []*taskRun) bool {
 			numbered = numbered || tr.result.Next != 0
 		}
 	}
+	var owed int64 // slots freed for this call's claim (taskRun.slotOwed)
+	for _, tr := range sent {
+		if tr.slotOwed {
+			owed++
+		}
+	}
 	var res *CompleteResult
-	var asked, seq int64
+	var hold, asked, seq int64
 	var in *incarnation
-	if len(params) > 0 {
-		asked = w.prod.piggyback(runCtx)
+	if len(params) == 0 {
+		w.prod.forgive(owed) // nothing to send: no call claims for them
+	} else {
+		hold, asked = w.prod.piggyback(runCtx, owed)
 		// A result that hands over may come back with a reserved
 		// successor even without a claim: number the call so that a
 		// lost answer's reservations are released (ClaimsSettled).
@@ -242,7 +253,7 @@ func (c *completer) call(ctx, runCtx context.Context, sent []*taskRun) bool {
 		var sentAt time.Time
 		res, seq, in, sentAt, ok = c.send(ctx, params, asked, seq)
 		if !ok {
-			w.prod.unreserve(asked)
+			w.prod.unreserve(hold)
 			w.prod.seqs.end(seq)
 			return false
 		}
@@ -265,7 +276,9 @@ func (c *completer) call(ctx, runCtx context.Context, sent []*taskRun) bool {
 			w.startReleased(ctx, claimed)
 		}
 	}
-	w.prod.unreserve(asked)
+	// The slots its answer did not fill, owed ones included, are the
+	// claim loop's now: it long-polls for them.
+	w.prod.unreserve(hold)
 	w.prod.seqs.end(seq) // its tasks are held (or released) now
 	return true
 }

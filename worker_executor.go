@@ -12,8 +12,9 @@ import (
 
 // executor runs handlers: each attempt in its own goroutine, on a slot
 // the producer took for it or one its predecessor handed over. When a
-// handler returns it passes the slot on (handovers) or frees it
-// (producer), and queues the result for the completer.
+// handler returns it passes the slot on (handovers) or frees it, owed to
+// the complete call that will carry the result (producer.freeOwed), and
+// queues the result for the completer.
 type executor struct {
 	w *Worker // for the held runs, the lease and the other roles
 
@@ -54,7 +55,8 @@ func (e *executor) runSuccessor(tr *taskRun) {
 }
 
 // execute runs the handler of tr (state running), then passes its slot to
-// its reserved successor, if any, or frees it, and queues its result.
+// its reserved successor, if any, or frees it for the claim of the call
+// that will carry its result, and queues its result.
 func (e *executor) execute(tr *taskRun) {
 	w := e.w
 	if !w.lease.leaseHeld(tr.inc) {
@@ -138,7 +140,7 @@ func (e *executor) execute(tr *taskRun) {
 		e.tasks.Add(1)
 		go e.runSuccessor(next)
 	} else if !w.chains.holdSlot(tr) {
-		w.prod.freeSlot()
+		w.prod.freeOwed(tr)
 	}
 	// A result never goes before its predecessor's: the server starts
 	// this task only when it records that one (in a call before this

@@ -144,9 +144,11 @@ func (h *handovers) holdSlot(tr *taskRun) bool {
 
 // releaseHeld notes that the calls carrying sent have returned, and
 // frees the slots their successors kept for a successor of their own
-// that did not come (holdSlot).
+// that did not come (holdSlot). Each is owed to its successor's result,
+// which goes in a later call (it waited for this one): that call claims
+// for it.
 func (h *handovers) releaseHeld(sent []*taskRun) {
-	freed := 0
+	var freed []*taskRun
 	h.w.held.mu.Lock()
 	for _, tr := range sent {
 		tr.acked = true
@@ -154,13 +156,13 @@ func (h *handovers) releaseHeld(sent []*taskRun) {
 			tr.succ = nil
 			if s.slotHeld {
 				s.slotHeld = false
-				freed++
+				freed = append(freed, s)
 			}
 		}
 	}
 	h.w.held.mu.Unlock()
-	for range freed {
-		h.w.prod.freeSlot()
+	for _, s := range freed {
+		h.w.prod.freeOwed(s)
 	}
 }
 

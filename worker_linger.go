@@ -8,14 +8,13 @@ import (
 // resultLinger is the completer's ResultLinger state: the handlers of
 // claimed tasks (taskRun.lingers) not yet returned, and when the latest
 // was launched. The producer counts them in as it launches them, the
-// executor out as they return; the completer and the claim loop read it.
+// executor out as they return; the completer reads it.
 type resultLinger struct {
 	d     time.Duration        // WorkerConfig.ResultLinger; ≤ 0: off
 	since func() time.Duration // the worker's monotonic clock (Worker.since)
 
 	launched   atomic.Int64
 	lastLaunch atomic.Int64 // offset from the worker's epoch
-	lingering  atomic.Bool  // the complete loop holds results back for them
 }
 
 // launch counts n handlers of claimed tasks in, before any of them starts.

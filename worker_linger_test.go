@@ -110,10 +110,8 @@ func TestWorkerResultLingerBounded(t *testing.T) {
 // do not hold a result back for good. A task is claimed every 2ms until the
 // fast task's result lands (each runs 500ms, so slots keep freeing), so a
 // worker that waited again after each new start, and claimed meanwhile,
-// would not send it before the test timed out. Two rules prevent it: the
-// complete loop waits once per call, and the claim loop holds off while
-// results may linger. (The test fails with both removed; either alone
-// keeps it passing.)
+// would not send it before the test timed out. The complete loop waits
+// once per call, which prevents it (the test fails without that rule).
 func TestWorkerResultLingerOncePerCall(t *testing.T) {
 	t.Parallel()
 	f := newFakeBackend()

@@ -14,21 +14,46 @@ import (
 // them on the executor: it owns the slot count, the slots promised to
 // claims in flight and the numbers of claim calls. Claims go from its
 // claim loop and ride on the completer's complete calls (piggyback).
+//
+// Whose claim a free slot belongs to is decided when it frees, not by
+// who asks first. A slot freed by a task whose result goes to the
+// completer is owed to the claim of the complete call that carries that
+// result: the call refills it in the transaction that records the result
+// (freeOwed, piggyback). The claim loop claims only the other free
+// slots: never claimed yet, left over by a complete call that got fewer
+// tasks than it asked for, or freed by a task that produced no result to
+// send (released, lost, stopped). Were it to claim a slot whose result is
+// still on its way, the server, which counts the slot held until the
+// result lands, would find none free and park the long-poll, holding the
+// slot; completions that claim do not wake a worker's own long-poll (its
+// look took all it could), so it stayed parked while the complete calls
+// went on refilling only the slots they held when it parked: on a no-op
+// queue, runs of 3–60 tasks a call instead of 600 (docs/benchmarks.md,
+// "The claim-loop cliff").
 type producer struct {
 	w *Worker // for the backend, the held runs and the other roles
 
-	// free counts free slots. The claim loop and claims riding on
-	// completions take them; the server never hands out more than its
-	// count of the worker's free slots, which is never above this one
-	// (a slot frees here before its result reaches the server).
+	// free counts free slots, owed ones included. The claim loop and
+	// claims riding on completions take them; the server never hands out
+	// more than its count of the worker's free slots, which is never
+	// above this one (a slot frees here before its result reaches the
+	// server).
 	free      atomic.Int64
-	slotFreed chan struct{} // cap 1: "free may have grown"
+	slotFreed chan struct{} // cap 1: "the claim loop may have slots to ask for"
 
-	// asking counts the slots promised to claims in flight (the claim
-	// loop's and a completion's): what one asks for, the other does not,
-	// so together they never ask for more than the free slots.
+	// Guarded by askMu, with every change of free that makes slots
+	// available (freeOwed, unreserve):
+	//
+	//   - asking counts the slots promised to claims in flight (the
+	//     claim loop's and the complete calls'): what one asks for, no
+	//     other does, so together they never ask for more than the free
+	//     slots;
+	//   - owed counts free slots owed to results not yet in a complete
+	//     call (taskRun.slotOwed): no claim asks for them until the call
+	//     carrying their results takes them (piggyback).
 	askMu  sync.Mutex
 	asking int64
+	owed   int64
 
 	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 }
@@ -37,10 +62,14 @@ func newProducer(w *Worker) *producer {
 	return &producer{w: w, slotFreed: make(chan struct{}, 1)}
 }
 
-// claimLoop claims while ctx is live and there are free slots (S-W1): an
-// idle worker long-polls, a busy one claims again as soon as a slot frees.
-// Each claim asks for min(free slots, claim limit), the limit being the
-// claim batch shrunk by backpressure (S-W3).
+// claimLoop claims while ctx is live and there are free slots no result
+// owes (S-W1): an idle worker long-polls, a busy one claims again as soon
+// as such a slot frees. Each claim asks for min(those slots, claim
+// limit), the limit being the claim batch shrunk by backpressure (S-W3).
+//
+// It needs no pause while results linger (ResultLinger): the slots they
+// freed are owed to their call, which claims for them in the same
+// transaction; slots it may claim meanwhile are ones no call would.
 func (p *producer) claimLoop(ctx context.Context) {
 	w := p.w
 	backoff := claimBackoffMin
@@ -63,16 +92,6 @@ func (p *producer) claimLoop(ctx context.Context) {
 			}
 			continue
 		}
-		if w.compl.linger.lingering.Load() {
-			// Results wait for handlers claimed within ResultLinger
-			// (completer.loop): their call claims for the slots freed
-			// meanwhile, in the same transaction, so a claim of its own
-			// would only cost one more.
-			if d := w.compl.linger.left(); d > 0 {
-				pause(d)
-				continue
-			}
-		}
 		limit, wait := w.bp.claimLimit(time.Now())
 		if wait > 0 {
 			pause(wait)
@@ -80,7 +99,7 @@ func (p *producer) claimLoop(ctx context.Context) {
 		}
 		n := p.reserve(int64(limit))
 		if n == 0 {
-			continue // a completion's claim took them meanwhile
+			continue // a complete call's claim took them meanwhile
 		}
 		in := w.lease.current()
 		seq := p.seqs.begin()
@@ -225,31 +244,73 @@ func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, laun
 	}
 }
 
-// freeSlot returns a slot and wakes the claim loop.
+// freeSlot returns a slot whose task leaves no result to send (released,
+// lost, stopped), or whose result has been sent already, and wakes the
+// claim loop: the slot is the claim loop's.
 func (p *producer) freeSlot() {
 	p.w.markActive()
 	p.free.Add(1)
-	select {
-	case p.slotFreed <- struct{}{}:
-	default:
-	}
+	p.wake()
 }
 
-// piggyback reserves how many tasks a complete call asks for: the free
-// slots no claim in flight asked for, within the claim limit, while
-// claiming goes on.
-func (p *producer) piggyback(runCtx context.Context) int64 {
-	if runCtx.Err() != nil || p.w.stopping.Load() {
-		return 0
-	}
-	return p.reserve(int64(p.w.bp.piggybackLimit()))
+// freeOwed returns tr's slot as owed to tr's result, which is about to go
+// to the completer (not yet in a complete call): the call that carries it
+// claims for the slot (piggyback), so the claim loop is not woken. The
+// slot counts as free at once, in heartbeats too: the server may hand it
+// out as soon as the result lands.
+func (p *producer) freeOwed(tr *taskRun) {
+	p.w.markActive()
+	tr.slotOwed = true
+	p.askMu.Lock()
+	p.owed++
+	p.free.Add(1) // under askMu, with owed: no claim sees it available
+	p.askMu.Unlock()
 }
 
-// available is the free slots no claim in flight asked for.
+// piggyback reserves the claim of a complete call carrying results that
+// owe owed freed slots (taskRun.slotOwed): it takes those, and the free
+// slots no claim is asking for, and asks for up to the claim limit of
+// them while claiming goes on. hold is how many the call keeps from other
+// claims until it returns (unreserve), owed ones beyond the limit
+// included: they are free at the server only once the results have
+// landed, so the claim loop asks for them once the call is back, with
+// whatever the answer did not fill. A call that fails keeps them while it
+// retries (claiming nothing, see completer.send): a claim in the meantime
+// would meet the same unreachable server, or a server that still counts
+// the slots held, since the results have not landed.
+func (p *producer) piggyback(runCtx context.Context, owed int64) (hold, ask int64) {
+	var limit int64
+	if runCtx.Err() == nil && !p.w.stopping.Load() {
+		limit = int64(p.w.bp.piggybackLimit())
+	}
+	p.askMu.Lock()
+	defer p.askMu.Unlock()
+	p.owed -= owed
+	p.asking += owed
+	extra := max(0, min(p.free.Load()-p.asking-p.owed, limit-owed))
+	p.asking += extra
+	hold = owed + extra
+	return hold, min(hold, limit)
+}
+
+// forgive gives n owed slots to the claim loop: their results go in no
+// complete call (lost meanwhile).
+func (p *producer) forgive(n int64) {
+	if n == 0 {
+		return
+	}
+	p.askMu.Lock()
+	p.owed -= n
+	p.askMu.Unlock()
+	p.wake()
+}
+
+// available is the free slots that no claim in flight asked for and no
+// result owes: the claim loop's.
 func (p *producer) available() int64 {
 	p.askMu.Lock()
 	defer p.askMu.Unlock()
-	return p.free.Load() - p.asking
+	return p.free.Load() - p.asking - p.owed
 }
 
 // reserve promises up to limit available slots to a claim about to be
@@ -258,11 +319,13 @@ func (p *producer) available() int64 {
 func (p *producer) reserve(limit int64) int64 {
 	p.askMu.Lock()
 	defer p.askMu.Unlock()
-	n := max(0, min(p.free.Load()-p.asking, limit))
+	n := max(0, min(p.free.Load()-p.asking-p.owed, limit))
 	p.asking += n
 	return n
 }
 
+// unreserve ends the promise of n slots to a claim that has returned:
+// those its answer did not fill are the claim loop's now.
 func (p *producer) unreserve(n int64) {
 	if n == 0 {
 		return
@@ -270,8 +333,13 @@ func (p *producer) unreserve(n int64) {
 	p.askMu.Lock()
 	p.asking -= n
 	p.askMu.Unlock()
+	p.wake()
+}
+
+// wake tells the claim loop it may have slots to ask for.
+func (p *producer) wake() {
 	select {
-	case p.slotFreed <- struct{}{}: // the claim loop may ask for them now
+	case p.slotFreed <- struct{}{}:
 	default:
 	}
 }

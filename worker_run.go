@@ -41,7 +41,11 @@ type taskRun struct {
 	// lingers: launched from a claim, counted in resultLinger.launched
 	// until its handler returns (ResultLinger).
 	lingers bool
-	picked  uint64 // the sendable run that put it in a batch (completer.picks)
+	// slotOwed: its slot was freed for the claim of the complete call
+	// that carries its result (producer.freeOwed). Set before the result
+	// is queued, or by the complete loop before the call is made.
+	slotOwed bool
+	picked   uint64 // the sendable run that put it in a batch (completer.picks)
 }
 
 // heldRuns is the state the worker's roles share: the runs it holds, and
