@@ -127,7 +127,7 @@ func (w *Worker) registration() RegisterWorkerParams {
 
 // Run registers the worker with the kinds registered so far, then claims and
 // runs tasks until ctx is done, or until it has been idle for MaxIdle. It
-// then shuts down gracefully (S-W7): it stops claiming, releases claimed
+// then shuts down gracefully: it stops claiming, releases claimed
 // tasks that have not started, lets running tasks finish for up to
 // ShutdownTimeout, cancels and releases the rest, sends the pending results
 // and deregisters. Run returns nil after a clean shutdown, and an error when

@@ -15,7 +15,7 @@ import (
 type WorkerConfig struct {
 	// Name is shown in the API and dashboard. Defaults to hostname-pid.
 	Name string
-	// Slots is the most tasks the worker runs at once (S-W1). Defaults to
+	// Slots is the most tasks the worker runs at once. Defaults to
 	// 1000.
 	Slots int
 	// ClaimBatch is the most tasks asked for in one claim. Defaults to 50.
@@ -33,18 +33,21 @@ type WorkerConfig struct {
 	// HeartbeatInterval overrides the heartbeat interval the server asks
 	// for at registration. Zero, the default, uses the server's. Run
 	// rejects an interval for which the server's lease is not more than
-	// twice the interval (S-W5).
+	// twice the interval.
 	HeartbeatInterval time.Duration
-	// LeaseLossAfter is how long heartbeats may fail before the worker
-	// presumes its leases lost: it then cancels the contexts of its tasks
-	// and drops their results, since the server is about to hand them to
-	// another worker (S-W5). It must lie strictly between the heartbeat
-	// interval and the lease, which Run checks once the server has told
-	// the lease. Zero, the default, means lease − interval/2.
+	// LeaseLossAfter is how long after sending the latest call that
+	// extended its lease (a heartbeat, or a claim that brought tasks) the
+	// worker presumes the lease lost, by its own clock: it then cancels
+	// the contexts of its tasks and drops their results, since the server
+	// is about to hand them to another worker, and it starts no task
+	// until a call succeeds again (a process frozen past it starts
+	// nothing it claimed before). It must lie strictly between the
+	// heartbeat interval and the lease, which Run checks once the server
+	// has told the lease. Zero, the default, means lease − interval/2.
 	LeaseLossAfter time.Duration
 	// MemoryHigh is the memory use, as a fraction of the memory limit,
 	// above which each sample (at most every 500ms) halves the claim size,
-	// down to 1; each sample below doubles it back (S-W3). Zero means the
+	// down to 1; each sample below doubles it back. Zero means the
 	// default, 0.8; a negative value turns memory backpressure off. At
 	// most 1.
 	MemoryHigh float64
@@ -55,15 +58,15 @@ type WorkerConfig struct {
 	// until a later sample succeeds (logged once).
 	MemoryUsage func() (float64, error)
 	// LatencyHigh is the p99 of the last 1000 task durations above which
-	// each sample halves the claim size, as MemoryHigh does (S-W3). Zero,
+	// each sample halves the claim size, as MemoryHigh does. Zero,
 	// the default, turns latency backpressure off.
 	LatencyHigh time.Duration
 	// MaxIdle makes Run stop, gracefully and returning nil, once the
-	// worker has had no task claimed or running for that long (S-W8).
+	// worker has had no task claimed or running for that long.
 	// Zero, the default, never stops for idleness.
 	MaxIdle time.Duration
-	// Registerer receives the worker's Prometheus metrics while Run runs
-	// (S-W9): worker_in_flight_tasks, worker_tasks_completed_total{kind,
+	// Registerer receives the worker's Prometheus metrics while Run runs:
+	// worker_in_flight_tasks, worker_tasks_completed_total{kind,
 	// outcome}, worker_task_duration_seconds{kind}, worker_claims_total,
 	// worker_claim_size, worker_claim_size_limit, worker_slots,
 	// worker_memory_used_ratio, worker_task_latency_p99_seconds and

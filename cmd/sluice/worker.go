@@ -194,7 +194,7 @@ serves Prometheus metrics at /metrics.`,
 	fs.BoolVar(&f.allowExec, "allow-exec", false, "allow the exec kind, which runs commands on this machine")
 	addWorkerCapacityFlags(fs, &f)
 	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 0, "heartbeat every this long instead of the interval the server asks for (0 = the server's); the server's lease must be more than twice it")
-	fs.DurationVar(&f.leaseLossAfter, "lease-loss-after", 0, "after this long without a successful heartbeat, stop every running task and drop its result; strictly between the heartbeat interval and the lease (0 = lease − interval/2)")
+	fs.DurationVar(&f.leaseLossAfter, "lease-loss-after", 0, "after this long since the latest call that extended the lease was sent, stop every running task, drop its result and start nothing until a call succeeds; strictly between the heartbeat interval and the lease (0 = lease − interval/2)")
 	fs.DurationVar(&f.maxIdle, "max-idle", 0, "stop gracefully after this long with no task claimed or running (0 = never)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (empty = off)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
