@@ -195,8 +195,14 @@ type Queue struct {
 	Paused           bool   `json:"paused"`
 	// Handover: see QueueParams.Handover.
 	Handover bool `json:"handover"`
-	// Running counts tasks holding a slot (ready or running).
+	// Running counts tasks holding a slot: those in state ready (claimable,
+	// no worker yet) and those in state running. Counts has each apart.
 	Running int `json:"running"`
+	// Keyed reports that some of the queue's tasks were triggered with a
+	// concurrency key, so ConcurrencyLimit caps each key value apart (and
+	// the tasks without a key together), not the queue as a whole. It
+	// stays true once a key was seen.
+	Keyed bool `json:"keyed"`
 	// Active counts unfinished tasks.
 	Active int `json:"active"`
 	// Counts per state (only on GET /v1/queues/{name} and GET /v1/queues).

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -54,7 +55,8 @@ Never expose a dev server: anyone who reaches it can do anything.`,
 			}
 			kinds := defaultKinds()
 			wf.name = "dev"
-			onReady := func(url string) { a.printDevHints(url, cfg.DB, kinds, wf.slots, demo) }
+			cli := cliCommand(os.Args[0])
+			onReady := func(url string) { a.printDevHints(url, cfg.DB, kinds, wf.slots, demo, cli) }
 			return runServer(ctx, srv, onReady, func(ctx context.Context, url string) {
 				w := sluice.NewWorker(srv.Backend(), wf.config(logger))
 				registerBuiltins(w, kinds, false)
@@ -70,7 +72,7 @@ Never expose a dev server: anyone who reaches it can do anything.`,
 						fmt.Fprintf(a.stderr, "demo: %v\n", err)
 					}
 					if ctx.Err() == nil {
-						fmt.Fprintln(a.stdout, "\nstill serving "+url+"; press Ctrl-C to stop")
+						a.printDemoEnd(url, cfg.DB, cli)
 					}
 				}
 				<-workerDone
@@ -85,23 +87,55 @@ Never expose a dev server: anyone who reaches it can do anything.`,
 	return cmd
 }
 
-func (a *app) printDevHints(url, db string, kinds []string, slots int, demo bool) {
-	cli := "sluice"
-	if url != defaultServerURL {
-		cli = "SLUICE_SERVER=" + url + " sluice"
+// printDevHints says what the dev server serves and, without --demo,
+// what to try (with --demo, printDemoEnd says it once the demo is over,
+// where it does not scroll away).
+func (a *app) printDevHints(url, db string, kinds []string, slots int, demo bool, cli string) {
+	fmt.Fprintf(a.stdout, "sluice dev: serving %s (auth OFF, database %s)\nin-process worker: kinds %s, %d slots\n\n",
+		url, db, strings.Join(kinds, ", "), slots)
+	if !demo {
+		a.printDevTry(url, cli)
+		fmt.Fprintln(a.stdout, "Press Ctrl-C to stop.")
 	}
-	fmt.Fprintf(a.stdout, `sluice dev: serving %s (auth OFF, database %s)
-in-process worker: kinds %s, %d slots
+}
 
-Try:
+// printDemoEnd closes the demo: the server has not stopped with it.
+func (a *app) printDemoEnd(url, db, cli string) {
+	fmt.Fprintf(a.stdout, "\nThe demo is over; the server is still serving %s (its queues and tasks stay in %s).\n", url, db)
+	a.printDevTry(url, cli)
+	fmt.Fprintln(a.stdout, "Press Ctrl-C to stop the server.")
+}
+
+// printDevTry lists commands to try against the dev server from another
+// terminal; cli is how to run this CLI there (cliCommand).
+func (a *app) printDevTry(url, cli string) {
+	if url != defaultServerURL {
+		cli = "SLUICE_SERVER=" + url + " " + cli
+	}
+	fmt.Fprintf(a.stdout, `Try, in another terminal:
   curl -s %s/v1/queues
   curl -s -X POST %s/v1/tasks -d '{"kind":"echo","input":{"hello":"world"}}'
   curl -s %s/v1/tasks/1
   %s enqueue sleep --input '{"duration":"2s"}' --queue slow --key user:1 --wait
   %s queues
 
-`, url, db, strings.Join(kinds, ", "), slots, url, url, url, cli, cli)
-	if !demo {
-		fmt.Fprintln(a.stdout, "Press Ctrl-C to stop.")
+`, url, url, url, cli, cli)
+}
+
+// cliCommand is how to run this CLI again from a shell, given the path it
+// was started by (os.Args[0]): "go run ./cmd/sluice" for a binary that
+// `go run` built (it lives in a go-build temporary directory and is gone
+// when the command ends), else that path ("sluice" from PATH,
+// "bin/sluice" after make build).
+func cliCommand(arg0 string) string {
+	isSep := func(r rune) bool { return r == '/' || r == '\\' }
+	for _, dir := range strings.FieldsFunc(arg0, isSep) {
+		if strings.HasPrefix(dir, "go-build") {
+			return "go run ./cmd/sluice"
+		}
 	}
+	if arg0 == "" {
+		return "sluice"
+	}
+	return arg0
 }

@@ -263,8 +263,8 @@ func TestCLIAdmission(t *testing.T) {
 	t.Parallel()
 	url := startServer(t, server.Config{MaxActive: 1})
 	env := map[string]string{"SLUICE_SERVER": url, "SLUICE_TOKEN": e2eAdminToken}
-	cliJSON[sluice.Task](t, env, "enqueue", "sleep", "--delay", "1h")
-	cliFail(t, env, 1, "admission", "enqueue", "sleep")
+	cliJSON[sluice.Task](t, env, "enqueue", "sleep", "--input", `{"duration":"1s"}`, "--delay", "1h")
+	cliFail(t, env, 1, "admission", "enqueue", "sleep", "--input", `{"duration":"1s"}`)
 	page := cliJSON[sluice.TaskPage](t, env, "tasks")
 	if len(page.Tasks) != 1 {
 		t.Fatalf("a rejected trigger created a task: %+v", page.Tasks)

@@ -28,9 +28,9 @@ func (a *app) newQueuesCmd() *cobra.Command {
 			}
 			return a.printJSON(qs)
 		}
-		tw := a.newTable("NAME", "RUNNING", "LIMIT", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
+		tw := a.newTable("NAME", "RUNNING", "READY", "LIMIT", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
 		for _, q := range qs {
-			row(tw, q.Name, q.Running, q.ConcurrencyLimit, q.Counts[sluice.StateQueued], q.Counts[sluice.StateReserved], q.Counts[sluice.StateScheduled],
+			row(tw, q.Name, q.Counts[sluice.StateRunning], q.Counts[sluice.StateReady], queueLimit(&q), q.Counts[sluice.StateQueued], q.Counts[sluice.StateReserved], q.Counts[sluice.StateScheduled],
 				q.Active, q.MaxBacklog, q.Paused, onOff(q.Handover), q.Counts[sluice.StateSucceeded], q.Counts[sluice.StateFailed], q.Counts[sluice.StateCancelled])
 		}
 		return tw.Flush()
@@ -41,11 +41,13 @@ func (a *app) newQueuesCmd() *cobra.Command {
 		Long: `List, inspect, limit, pause and resume queues. Without a subcommand,
 lists queues (like "sluice queues list").
 
-RUNNING counts the tasks holding a slot of the queue (ready or running);
-LIMIT applies to each sub-queue: the tasks without a concurrency key share
-one, and each key value has its own. RESERVED counts the tasks waiting, with
-a worker, to start on the slot of a running task the moment it ends
-(HANDOVER on).`,
+RUNNING counts the tasks a worker runs; READY the tasks holding a slot that
+no worker has claimed yet (both count against the limit). LIMIT applies to
+each sub-queue: the tasks without a concurrency key share one, and each key
+value has its own, so a queue whose tasks have keys shows "N per key" and
+may run more than N tasks in all. RESERVED counts the tasks waiting, with a
+worker, to start on the slot of a running task the moment it ends (HANDOVER
+on).`,
 		Args: noArgs,
 		RunE: listRun,
 	}
@@ -185,11 +187,12 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	}
 	tw := a.newTable()
 	row(tw, "NAME", q.Name)
-	row(tw, "CONCURRENCY LIMIT", q.ConcurrencyLimit)
+	row(tw, "CONCURRENCY LIMIT", queueLimit(q))
 	row(tw, "MAX BACKLOG", q.MaxBacklog)
 	row(tw, "PAUSED", q.Paused)
 	row(tw, "HANDOVER", onOff(q.Handover))
-	row(tw, "RUNNING (holding a slot)", q.Running)
+	row(tw, "RUNNING", q.Counts[sluice.StateRunning])
+	row(tw, "READY (slot, no worker yet)", q.Counts[sluice.StateReady])
 	row(tw, "ACTIVE (unfinished)", q.Active)
 	var counts []string
 	for _, s := range sluice.AllStates {
@@ -199,6 +202,20 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	row(tw, "CREATED", q.CreatedAt)
 	row(tw, "UPDATED", q.UpdatedAt)
 	return tw.Flush()
+}
+
+// queueLimit shows a queue's concurrency limit: "none", "N", or "N per
+// key" where its tasks have concurrency keys (each key value has its own
+// N slots).
+func queueLimit(q *sluice.Queue) string {
+	switch {
+	case q.ConcurrencyLimit == nil:
+		return "none"
+	case q.Keyed:
+		return strconv.Itoa(*q.ConcurrencyLimit) + " per key"
+	default:
+		return strconv.Itoa(*q.ConcurrencyLimit)
+	}
 }
 
 // optInt is a flag value that is a non-negative integer or "none" (nil).

@@ -35,14 +35,7 @@ const waitDelay = 5 * time.Second
 // optional input.timeout bounds the command; the task's own timeout applies
 // regardless.
 func execHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
-	var in execInput
-	if err := decodeInput("exec", t.Input, &in); err != nil {
-		return nil, err
-	}
-	if len(in.Command) == 0 || in.Command[0] == "" {
-		return nil, badInput("exec", "command", "required: the program and its arguments, e.g. [\"ls\", \"-l\"]")
-	}
-	timeout, err := duration("exec", "timeout", in.Timeout, 0)
+	in, timeout, err := parseExec(t.Input)
 	if err != nil {
 		return nil, err
 	}
@@ -77,4 +70,19 @@ func execHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, e
 		return nil, fmt.Errorf("exec: %q: %w", in.Command[0], err)
 	}
 	return json.Marshal(out)
+}
+
+// parseExec decodes and checks the exec kind's input: the handler and
+// validateExec both call it. Whether the program exists is known only on
+// the worker that runs it.
+func parseExec(raw json.RawMessage) (execInput, time.Duration, error) {
+	var in execInput
+	if err := decodeInput("exec", raw, &in); err != nil {
+		return in, 0, err
+	}
+	if len(in.Command) == 0 || in.Command[0] == "" {
+		return in, 0, badInput("exec", "command", "required: the program and its arguments, e.g. [\"ls\", \"-l\"]")
+	}
+	timeout, err := duration("exec", "timeout", in.Timeout, 0)
+	return in, timeout, err
 }

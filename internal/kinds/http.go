@@ -38,7 +38,7 @@ const defaultHTTPTimeout = 30 * time.Second
 // without retry; a network error is retried.
 func httpHandler(hc *http.Client) sluice.HandlerFunc {
 	return func(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
-		req, timeout, err := buildRequest(ctx, t.Input)
+		req, timeout, err := buildRequest(t.Input)
 		if err != nil {
 			return nil, err
 		}
@@ -73,8 +73,10 @@ func httpHandler(hc *http.Client) sluice.HandlerFunc {
 	}
 }
 
-// buildRequest validates the input and builds the request.
-func buildRequest(ctx context.Context, raw json.RawMessage) (*http.Request, time.Duration, error) {
+// buildRequest validates the input and builds the request, without a
+// context: the handler adds its own, and validateHTTP builds the request
+// only to check that it can be built.
+func buildRequest(raw json.RawMessage) (*http.Request, time.Duration, error) {
 	var in httpInput
 	if err := decodeInput("http", raw, &in); err != nil {
 		return nil, 0, err
@@ -107,7 +109,7 @@ func buildRequest(ctx context.Context, raw json.RawMessage) (*http.Request, time
 	if in.Body != nil {
 		body = strings.NewReader(*in.Body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	req, err := http.NewRequest(method, u.String(), body)
 	if err != nil {
 		return nil, 0, badInput("http", "url", "%v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,12 +59,40 @@ func decodeInput(kind string, raw json.RawMessage, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return sluice.NoRetry(fmt.Errorf("%s: input.%s: want %s, got %s", kind, te.Field, jsonType(te.Type.Kind().String()), te.Value))
+		if errors.As(err, &te) {
+			want := jsonType(te.Type.Kind().String())
+			if te.Field == "" {
+				return badInput(kind, "", "want an object, got %s", te.Value)
+			}
+			return badInput(kind, te.Field, "want %s, got %s", want, te.Value)
 		}
-		return sluice.NoRetry(fmt.Errorf("%s: input: %w", kind, err))
+		if name, ok := unknownField(err); ok {
+			return badInput(kind, name, "unknown field: %s takes %s", kind, fieldNames(kind))
+		}
+		return badInput(kind, "", "%v", err)
 	}
 	return nil
+}
+
+// unknownField returns the field that encoding/json's DisallowUnknownFields
+// rejected, when it is a plain name that can go in a field path.
+func unknownField(err error) (string, bool) {
+	const prefix = "json: unknown field "
+	msg := err.Error()
+	if !strings.HasPrefix(msg, prefix) {
+		return "", false
+	}
+	name, uerr := strconv.Unquote(msg[len(prefix):])
+	if uerr != nil || name == "" || len(name) > 64 {
+		return "", false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return "", false
+		}
+	}
+	return name, true
 }
 
 func jsonType(goKind string) string {
@@ -80,9 +109,27 @@ func jsonType(goKind string) string {
 	return goKind
 }
 
+// inputError is a kind's input refused: the handler fails the task with it
+// (without retry), and Validate turns it into the API's bad_request naming
+// the same field, so that a trigger and a run refuse the same inputs.
+type inputError struct {
+	kind  string
+	field string // under input, e.g. "duration"; "" for the input itself
+	msg   string
+}
+
+func (e *inputError) path() string {
+	if e.field == "" {
+		return "input"
+	}
+	return "input." + e.field
+}
+
+func (e *inputError) Error() string { return e.kind + ": " + e.path() + ": " + e.msg }
+
 // badInput returns a permanent error naming the input field.
 func badInput(kind, field, format string, args ...any) error {
-	return sluice.NoRetry(fmt.Errorf("%s: input.%s: %s", kind, field, fmt.Sprintf(format, args...)))
+	return sluice.NoRetry(&inputError{kind: kind, field: field, msg: fmt.Sprintf(format, args...)})
 }
 
 // duration parses an optional duration field; def is used when absent.

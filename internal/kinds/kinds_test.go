@@ -77,7 +77,8 @@ func TestSleepBadInput(t *testing.T) {
 		`{"duration": "soon"}`:       `sleep: input.duration: invalid duration "soon"`,
 		`{"duration": "-1s"}`:        "sleep: input.duration: must not be negative",
 		`{"duration": 5}`:            "sleep: input.duration: want a string, got number",
-		`{"duration": "1s", "x": 1}`: `sleep: input: json: unknown field "x"`,
+		`{"duration": "1s", "x": 1}`: `sleep: input.x: unknown field: sleep takes duration`,
+		`"1s"`:                       "sleep: input: want an object, got string",
 		`[`:                          "sleep: input:",
 	} {
 		_, err := call(t, Options{}, "sleep", input)

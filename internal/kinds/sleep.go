@@ -19,14 +19,7 @@ type sleepInput struct {
 // actually done). The wait ends within tens of microseconds of the
 // duration on Linux (precise.go), within a millisecond or so elsewhere.
 func sleepHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, error) {
-	var in sleepInput
-	if err := decodeInput("sleep", t.Input, &in); err != nil {
-		return nil, err
-	}
-	if in.Duration == nil {
-		return nil, badInput("sleep", "duration", "required, e.g. \"1.5s\"")
-	}
-	d, err := duration("sleep", "duration", in.Duration, 0)
+	d, err := parseSleep(t.Input)
 	if err != nil {
 		return nil, err
 	}
@@ -38,6 +31,19 @@ func sleepHandler(ctx context.Context, t *sluice.TaskContext) (json.RawMessage, 
 		Slept  string `json:"slept"`
 		TookUS int64  `json:"took_us"`
 	}{d.String(), time.Since(start).Microseconds()})
+}
+
+// parseSleep decodes and checks the sleep kind's input: the handler and
+// validateSleep both call it.
+func parseSleep(raw json.RawMessage) (time.Duration, error) {
+	var in sleepInput
+	if err := decodeInput("sleep", raw, &in); err != nil {
+		return 0, err
+	}
+	if in.Duration == nil {
+		return 0, badInput("sleep", "duration", "required, e.g. \"1.5s\"")
+	}
+	return duration("sleep", "duration", in.Duration, 0)
 }
 
 // echoHandler returns its input as output.

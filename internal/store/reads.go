@@ -268,14 +268,15 @@ func AddRunningAttempt(task *sluice.Task) {
 }
 
 // ScanQueue scans a queue row: name, concurrency_limit, max_backlog,
-// paused, handover, active, created_at, updated_at and the running tasks
-// of its sub-queues (the stores' queueCols). Its Counts are zero for
-// every state.
+// paused, handover, active, created_at, updated_at, the tasks holding a
+// slot of its sub-queues and whether it has a sub-queue with a
+// concurrency key (the stores' queueCols). Its Counts are zero for every
+// state.
 func ScanQueue(row Row) (*sluice.Queue, error) {
 	var q sluice.Queue
 	var lim, backlog *int64
 	var created, updated int64
-	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running); err != nil {
+	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running, &q.Keyed); err != nil {
 		return nil, err
 	}
 	if lim != nil {

@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/kinds"
 )
 
 // Limits enforced by the validators.
@@ -95,7 +96,8 @@ func TaskID(field string, id int64) error {
 }
 
 // Trigger checks the body of POST /v1/tasks. Zero values mean "default" and
-// are accepted.
+// are accepted. The input of a built-in kind (sleep, http, exec) must be
+// one its handler accepts (kinds.Validate).
 func Trigger(p *sluice.TriggerParams) error {
 	if err := Name("kind", p.Kind); err != nil {
 		return err
@@ -107,6 +109,11 @@ func Trigger(p *sluice.TriggerParams) error {
 		if err := JSONText("input", p.Input); err != nil {
 			return err
 		}
+	}
+	// A built-in kind's input is checked now rather than failing when the
+	// task runs (docs/kinds.md).
+	if err := kinds.Validate(p.Kind, p.Input); err != nil {
+		return err
 	}
 	if p.Queue != "" {
 		if err := Name("queue", p.Queue); err != nil {

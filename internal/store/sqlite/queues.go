@@ -45,7 +45,8 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 }
 
 const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
-	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name)`
+	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name),
+	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> '')`
 
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {

@@ -14,6 +14,7 @@ import (
 var queueTests = tests{
 	"Queues":              testQueues,
 	"PutQueueRaisesLimit": testRaiseLimit,
+	"QueueKeyed":          testQueueKeyed,
 }
 
 func testQueues(t *testing.T, ns NewStore) {
@@ -38,6 +39,28 @@ func testQueues(t *testing.T, ns NewStore) {
 	q, _, err = h.st.PutQueue(h.ctx, "email", sluice.QueueParams{})
 	require.NoError(t, err)
 	require.Nil(t, q.ConcurrencyLimit, "null means unbounded")
+}
+
+// testQueueKeyed: a queue is keyed once a task with a concurrency key
+// was triggered into it (its limit is then per key), whatever else it
+// holds.
+func testQueueKeyed(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	h.enqueue(store.NewTask{Kind: "k", Queue: "plain"}, store.NewTask{Kind: "k", Queue: "tenants"})
+	q, err := h.st.GetQueue(h.ctx, "tenants")
+	require.NoError(t, err)
+	require.False(t, q.Keyed, "no task has a key yet")
+	h.enqueue(store.NewTask{Kind: "k", Queue: "tenants", ConcurrencyKey: "user:1"})
+	q, err = h.st.GetQueue(h.ctx, "tenants")
+	require.NoError(t, err)
+	require.True(t, q.Keyed)
+	qs, err := h.st.ListQueues(h.ctx)
+	require.NoError(t, err)
+	keyed := map[string]bool{}
+	for _, q := range qs {
+		keyed[q.Name] = q.Keyed
+	}
+	require.Equal(t, map[string]bool{"plain": false, "tenants": true}, keyed)
 }
 
 func testRaiseLimit(t *testing.T, ns NewStore) {

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/server"
+)
+
+// TestQueuesCounts checks that `sluice queues` and `queues get` show the
+// tasks a worker runs apart from those that hold a slot with no worker
+// yet, and say "per key" for the limit of a queue whose tasks have
+// concurrency keys (README's tour, step 3).
+func TestQueuesCounts(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{})
+	env := map[string]string{"SLUICE_SERVER": url, "SLUICE_TOKEN": e2eAdminToken}
+
+	// email: limit 2 per key, three keys of three tasks: six hold a slot,
+	// three wait. plain: limit 1, no keys.
+	cliJSON[sluice.Queue](t, env, "queues", "set", "email", "--concurrency-limit", "2")
+	for _, u := range []string{"user:1", "user:2", "user:3"} {
+		for range 3 {
+			cliJSON[sluice.Task](t, env, "enqueue", "sleep", "--input", `{"duration":"1h"}`, "--queue", "email", "--key", u)
+		}
+	}
+	cliJSON[sluice.Queue](t, env, "queues", "set", "plain", "--concurrency-limit", "1")
+	cliJSON[sluice.Task](t, env, "enqueue", "echo", "--queue", "plain")
+
+	// A worker claims two of email's six ready tasks: they run.
+	wc := sluice.NewClient(url, sluice.WithToken(e2eWorkerToken))
+	reg, err := wc.RegisterWorker(t.Context(), sluice.RegisterWorkerParams{Name: "w", Kinds: []string{"sleep"}, Slots: 2})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	if res, err := wc.Claim(t.Context(), reg.ID, sluice.ClaimParams{Max: 2}); err != nil || len(res.Tasks) != 2 {
+		t.Fatalf("Claim: %+v, %v; want 2 tasks", res, err)
+	}
+
+	stdout, stderr, code := cli(t, env, "queues")
+	if code != 0 {
+		t.Fatalf("queues: exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(stdout, "\n")
+	for _, want := range []string{
+		`^NAME\s+RUNNING\s+READY\s+LIMIT\s+QUEUED\s+RESERVED\s+SCHEDULED\s+ACTIVE\s`,
+		`^email\s+2\s+4\s+2 per key\s+3\s+0\s+0\s+9\s`,
+		`^plain\s+0\s+1\s+1\s+0\s+0\s+0\s+1\s`,
+	} {
+		if !matchesALine(lines, want) {
+			t.Errorf("queues: no line matches %s:\n%s", want, stdout)
+		}
+	}
+
+	stdout, stderr, code = cli(t, env, "queues", "get", "email")
+	if code != 0 {
+		t.Fatalf("queues get: exit %d: %s", code, stderr)
+	}
+	lines = strings.Split(stdout, "\n")
+	for _, want := range []string{
+		`^CONCURRENCY LIMIT\s+2 per key$`,
+		`^RUNNING\s+2$`,
+		`^READY \(slot, no worker yet\)\s+4$`,
+		`^ACTIVE \(unfinished\)\s+9$`,
+	} {
+		if !matchesALine(lines, want) {
+			t.Errorf("queues get email: no line matches %s:\n%s", want, stdout)
+		}
+	}
+	stdout, _, _ = cli(t, env, "queues", "get", "plain")
+	if !matchesALine(strings.Split(stdout, "\n"), `^CONCURRENCY LIMIT\s+1$`) {
+		t.Errorf("queues get plain: the limit is not a plain 1:\n%s", stdout)
+	}
+
+	// The API keeps running as the slot holders, and says keyed.
+	q := cliJSON[sluice.Queue](t, env, "queues", "get", "email")
+	if q.Running != 6 || !q.Keyed || q.Counts[sluice.StateRunning] != 2 || q.Counts[sluice.StateReady] != 4 {
+		t.Errorf("queues get email -o json: running %d keyed %v counts %v; want 6, true, running 2 ready 4", q.Running, q.Keyed, q.Counts)
+	}
+	if q := cliJSON[sluice.Queue](t, env, "queues", "get", "plain"); q.Keyed {
+		t.Errorf("queues get plain -o json: keyed, with no key triggered")
+	}
+}
+
+// TestQueueLimit checks how a queue's limit reads in tables.
+func TestQueueLimit(t *testing.T) {
+	t.Parallel()
+	two := 2
+	for _, tc := range []struct {
+		q    sluice.Queue
+		want string
+	}{
+		{sluice.Queue{}, "none"},
+		{sluice.Queue{Keyed: true}, "none"},
+		{sluice.Queue{ConcurrencyLimit: &two}, "2"},
+		{sluice.Queue{ConcurrencyLimit: &two, Keyed: true}, "2 per key"},
+	} {
+		if got := queueLimit(&tc.q); got != tc.want {
+			t.Errorf("queueLimit(limit %v, keyed %v) = %q, want %q", tc.q.ConcurrencyLimit, tc.q.Keyed, got, tc.want)
+		}
+	}
+}
+
+func matchesALine(lines []string, re string) bool {
+	r := regexp.MustCompile(re)
+	for _, l := range lines {
+		if r.MatchString(strings.TrimRight(l, " ")) {
+			return true
+		}
+	}
+	return false
+}

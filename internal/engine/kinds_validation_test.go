@@ -1,0 +1,57 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/engine"
+)
+
+// A trigger of a built-in kind with an input its handler would refuse is
+// rejected, naming the field, and creates nothing: single and batch.
+func TestTriggerRejectsBadBuiltinInput(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	requireField := func(err error, field string) {
+		t.Helper()
+		var se *sluice.Error
+		require.True(t, errors.As(err, &se), "want *sluice.Error, got %T %v", err, err)
+		require.Equal(t, sluice.CodeBadRequest, se.Code)
+		require.Equal(t, field, se.Field)
+	}
+
+	_, _, err := f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "sleep", Input: json.RawMessage(`{"duration": "forever"}`)})
+	requireField(err, "input.duration")
+	_, _, err = f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "http", Input: json.RawMessage(`{"url": "example.com"}`)})
+	requireField(err, "input.url")
+	_, _, err = f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "exec"})
+	requireField(err, "input.command")
+
+	_, err = f.e.TriggerBatch(f.ctx, sluice.TriggerBatchParams{Tasks: []sluice.TriggerParams{
+		{Kind: "sleep", Input: json.RawMessage(`{"duration": "1s"}`)},
+		{Kind: "echo"},
+		{Kind: "sleep", Input: json.RawMessage(`{"duration": "-1s"}`)},
+	}})
+	requireField(err, "tasks[2].input.duration")
+	_, err = f.e.TriggerBatch(f.ctx, sluice.TriggerBatchParams{Tasks: []sluice.TriggerParams{
+		{Kind: "sleep", Input: json.RawMessage(`{"duration": 5}`)},
+	}})
+	requireField(err, "tasks[0].input.duration")
+
+	page, err := f.e.ListTasks(f.ctx, sluice.TaskFilter{})
+	require.NoError(t, err)
+	require.Empty(t, page.Tasks, "a rejected trigger created a task")
+
+	// Good built-in input, and any input for a kind that is not built in.
+	f.trigger(sluice.TriggerParams{Kind: "sleep", Input: json.RawMessage(`{"duration": "1s"}`)})
+	f.trigger(sluice.TriggerParams{Kind: "my-sleep", Input: json.RawMessage(`{"duration": "forever"}`)})
+	res, err := f.e.TriggerBatch(f.ctx, sluice.TriggerBatchParams{Tasks: []sluice.TriggerParams{
+		{Kind: "http", Input: json.RawMessage(`{"url": "https://example.com", "timeout": "5s"}`)},
+		{Kind: "exec", Input: json.RawMessage(`{"command": ["true"]}`)},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, true}, res.Created)
+}
