@@ -3,8 +3,10 @@ package sluice
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -68,6 +70,14 @@ type fakeBackend struct {
 	claimHook func(ctx context.Context, p ClaimParams) (*ClaimResult, error)
 	// down makes every worker call fail, as if the server vanished.
 	down bool
+	// registerErrs are returned, in order, by the next RegisterWorker
+	// calls (one each); registerCalls counts every call.
+	registerErrs  []error
+	registerCalls int
+	// registerHook, when set, runs at each RegisterWorker before
+	// anything else (it may block; it sees the call's context); an error
+	// it returns is the call's.
+	registerHook func(ctx context.Context) error
 	// handover makes the fake reserve, for each task it hands out to run,
 	// the next ready task as its successor (ClaimedTask.After), as a
 	// server does for a full queue with handover on: returned after it,
@@ -104,7 +114,9 @@ type resultWaiter struct {
 	ch chan struct{}
 }
 
-var errFakeDown = errors.New("fake: connection refused")
+// errFakeDown is what a call gets from a server that is not there: an
+// error of the network, as the HTTP client returns.
+var errFakeDown error = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 
 // setDown makes the backend unreachable (true) or reachable again.
 func (f *fakeBackend) setDown(down bool) {
@@ -227,9 +239,23 @@ func (f *fakeBackend) result(id int64) (TaskResult, bool) {
 	return rs[0], true
 }
 
-func (f *fakeBackend) RegisterWorker(_ context.Context, p RegisterWorkerParams) (*WorkerRegistration, error) {
+func (f *fakeBackend) RegisterWorker(ctx context.Context, p RegisterWorkerParams) (*WorkerRegistration, error) {
+	f.mu.Lock()
+	f.registerCalls++
+	hook := f.registerHook
+	f.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx); err != nil {
+			return nil, err
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.registerErrs) > 0 {
+		err := f.registerErrs[0]
+		f.registerErrs = f.registerErrs[1:]
+		return nil, err
+	}
 	f.registered = append(f.registered, p)
 	return &WorkerRegistration{ID: "w1", Lease: Duration(f.lease), HeartbeatInterval: Duration(f.interval), ChainResults: f.chainResults}, nil
 }

@@ -130,10 +130,21 @@ func (w *Worker) registration() RegisterWorkerParams {
 // then shuts down gracefully: it stops claiming, releases claimed
 // tasks that have not started, lets running tasks finish for up to
 // ShutdownTimeout, cancels and releases the rest, sends the pending results
-// and deregisters. Run returns nil after a clean shutdown, and an error when
-// the configuration is invalid (including a lease from the server that is
-// not more than twice the heartbeat interval), the metrics cannot be
-// registered, or registration fails. It may be called once.
+// and deregisters.
+//
+// A server that cannot be reached yet, or that is not ready, does not stop
+// Run: it keeps trying to register, with backoff and a log line per
+// attempt, for up to ConnectTimeout (by default until ctx is done), so a
+// worker may start before its server. Later, while the server restarts or
+// cannot be reached, the worker keeps heartbeating and claiming with
+// backoff, and registers again if the server forgot it.
+//
+// Run returns nil after a clean shutdown, also when ctx is done before the
+// worker could register, and an error when the configuration is invalid
+// (including a lease from the server that is not more than twice the
+// heartbeat interval), the metrics cannot be registered, or registration
+// fails with an error that retrying cannot fix (such as a rejected token)
+// or for longer than ConnectTimeout. It may be called once.
 func (w *Worker) Run(ctx context.Context) error {
 	if w.cfgErr != nil {
 		return fmt.Errorf("sluice: worker config: %w", w.cfgErr)
@@ -175,10 +186,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Leases start no earlier than the registration request.
 	w.epoch = time.Now()
 	w.kindList = kinds
-	sent := w.lease.now()
-	reg, err := w.b.RegisterWorker(ctx, w.registration())
+	reg, sent, registered, err := w.lease.registerAtStart(ctx)
 	if err != nil {
 		return fmt.Errorf("sluice: registering worker: %w", err)
+	}
+	if !registered {
+		w.log.Info("worker stopped before it could register")
+		return nil
 	}
 	id := reg.ID
 	w.lease.inc.Store(newIncarnation(id, sent))

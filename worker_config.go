@@ -96,6 +96,16 @@ type WorkerConfig struct {
 	// Zero means the default, 1ms; a negative value turns it off. At
 	// most 1s.
 	ResultLinger time.Duration
+	// ConnectTimeout is how long Run keeps trying to register the worker
+	// when it starts: a server that cannot be reached yet (connection
+	// refused or reset, a timeout, an unresolvable host name) or that
+	// answers 503 (starting up, or its database unreachable) or another
+	// 5xx is asked again, with capped exponential backoff (100ms to 5s,
+	// jittered) and a log line per failed attempt, so a worker may start
+	// before its server. An error that repeating cannot fix, such as a
+	// rejected token or a bad request, fails Run at once. Zero, the
+	// default, keeps trying until Run's context is done.
+	ConnectTimeout time.Duration
 }
 
 // Defaults of WorkerConfig.
@@ -165,6 +175,8 @@ func (c WorkerConfig) Validate() error {
 		return Invalid("LatencyHigh", "must not be negative, got %s", c.LatencyHigh)
 	case c.MaxIdle < 0:
 		return Invalid("MaxIdle", "must not be negative, got %s", c.MaxIdle)
+	case c.ConnectTimeout < 0:
+		return Invalid("ConnectTimeout", "must not be negative (zero keeps trying), got %s", c.ConnectTimeout)
 	case c.ResultLinger > maxResultLinger:
 		return Invalid("ResultLinger", "must be at most %s (negative turns it off), got %s", maxResultLinger, c.ResultLinger)
 	}

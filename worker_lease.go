@@ -3,8 +3,13 @@ package sluice
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -217,6 +222,122 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 		}
 		w.held.cancel(res.Cancel, errServerCancel)
 	}
+}
+
+// registerAtStart makes Run's first registration. A worker may start
+// before its server (docker-compose, Kubernetes, a script that starts
+// both), or while it restarts: errors that repeating can fix
+// (retryableRegister) are retried with capped, jittered exponential
+// backoff and a log line each, until the call succeeds, ConnectTimeout
+// passes or ctx is done. It returns the registration and the send time
+// of the call that made it, from which the lease of that incarnation
+// counts; registered is false, with a nil error, when ctx was done first.
+func (k *leaseKeeper) registerAtStart(ctx context.Context) (reg *WorkerRegistration, sent time.Time, registered bool, err error) {
+	w := k.w
+	timeout := w.cfg.ConnectTimeout
+	// rctx bounds the attempts and the waits between them, a call in
+	// flight too (a server that accepts connections but does not answer
+	// yet, e.g. still migrating, must not outlast the timeout).
+	rctx := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	server := serverOf(w.b)
+	start := time.Now()
+	backoff := claimBackoffMin
+	var timer *time.Timer
+	for attempt := 1; ; attempt++ {
+		sent = k.now()
+		reg, err = w.b.RegisterWorker(rctx, w.registration())
+		switch {
+		case err == nil:
+			if attempt > 1 {
+				w.log.Info("reached the server; registering worked", "server", server, "attempts", attempt,
+					"waited", time.Since(start).Round(time.Millisecond))
+			}
+			return reg, sent, true, nil
+		case ctx.Err() != nil:
+			return nil, time.Time{}, false, nil
+		case rctx.Err() != nil:
+			return nil, time.Time{}, false, fmt.Errorf("could not register with the server%s within the connect timeout (%s, %d attempts); last error: %w",
+				inServer(server), timeout, attempt, err)
+		case !retryableRegister(err):
+			return nil, time.Time{}, false, err
+		}
+		d := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(backoff*2, claimBackoffMax)
+		args := []any{"server", server, "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond),
+			"waited", time.Since(start).Round(time.Millisecond)}
+		if timeout > 0 {
+			args = append(args, "connect_timeout", timeout)
+		}
+		w.log.Warn("cannot register with the server yet; retrying", args...)
+		if timer == nil {
+			timer = time.NewTimer(d)
+			defer timer.Stop()
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+		case <-rctx.Done():
+			if ctx.Err() != nil {
+				return nil, time.Time{}, false, nil
+			}
+			return nil, time.Time{}, false, fmt.Errorf("could not register with the server%s within the connect timeout (%s, %d attempts); last error: %w",
+				inServer(server), timeout, attempt, err)
+		}
+	}
+}
+
+// retryableRegister reports whether a registration that failed with err
+// may succeed when sent again unchanged: the server could not be reached
+// (connection refused or reset, a host name not resolvable yet, as in
+// docker-compose before the server's container starts), the call timed
+// out or broke off, or the server answered 503 (not ready, its database
+// unreachable) or another 5xx (a proxy in front of a server restarting).
+// A rejected token, a bad request or an unusable URL are not.
+func retryableRegister(err error) bool {
+	var apiErr *Error
+	if errors.As(err, &apiErr) {
+		return !permanent(apiErr)
+	}
+	if _, ok := IsAdmission(err); ok {
+		return false
+	}
+	var (
+		opErr  *net.OpError
+		dnsErr *net.DNSError
+		netErr net.Error
+	)
+	switch {
+	case errors.As(err, &opErr), errors.As(err, &dnsErr):
+		return true
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return true
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// serverOf names the server b talks to, for logs: a Client's base URL in
+// use, else "" (a server in process).
+func serverOf(b Backend) string {
+	if c, ok := b.(*Client); ok {
+		return c.bases[int(c.cur.Load())%len(c.bases)]
+	}
+	return ""
+}
+
+// inServer is " at URL" for messages, or "" when there is no URL.
+func inServer(url string) string {
+	if url == "" {
+		return ""
+	}
+	return " at " + url
 }
 
 // reregister handles a server that no longer knows the worker (its lease

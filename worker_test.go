@@ -71,6 +71,7 @@ func TestWorkerConfigValidate(t *testing.T) {
 		{WorkerConfig{PollWait: 61 * time.Second}, "PollWait"},
 		{WorkerConfig{ShutdownTimeout: -time.Second}, "ShutdownTimeout"},
 		{WorkerConfig{ResultLinger: 2 * time.Second}, "ResultLinger"},
+		{WorkerConfig{ConnectTimeout: -time.Second}, "ConnectTimeout"},
 		{WorkerConfig{ResultLinger: -time.Second}, ""}, // off
 		{WorkerConfig{ResultLinger: time.Second}, ""},
 		{WorkerConfig{}, ""},

@@ -42,7 +42,7 @@ func openStore(ctx context.Context, dbURL string, log *slog.Logger) (store.Store
 
 // Open opens the database, applies migrations (unless NoMigrate) and builds
 // the engine and HTTP handler. Call Start to run background services and
-// ListenAndServe to serve HTTP.
+// ListenAndServe to serve HTTP (or Listen before Open, and Serve after).
 func Open(ctx context.Context, cfg Config) (*Server, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -98,10 +98,32 @@ func (s *Server) Start(ctx context.Context) error { return s.eng.Start(ctx) }
 // down gracefully. ready, if not nil, receives the base URL ("http://host:port")
 // once listening (useful with Addr "127.0.0.1:0").
 func (s *Server) ListenAndServe(ctx context.Context, ready chan<- string) error {
-	ln, err := net.Listen("tcp", s.cfg.Addr)
+	ln, err := Listen(ctx, s.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("addr: listening on %s: %w", s.cfg.Addr, err)
+		return err
 	}
+	return s.Serve(ctx, ln, ready)
+}
+
+// Listen binds the TCP address addr ("host:port"; port 0 picks a free one)
+// for Serve. Binding before Open lets a program fail fast, without
+// touching the database, when the address is taken, and lets clients
+// that start first connect while Open runs migrations: their requests
+// wait in the listen backlog until Serve answers them. The error names
+// the address.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("addr: listening on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// Serve serves the HTTP API on ln, which it closes, until ctx is done, then
+// shuts down gracefully. ready, if not nil, receives the base URL
+// ("http://host:port") before the first request is served.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, ready chan<- string) error {
 	hs := httpapi.NewHTTPServer(s.cfg.Addr, s.handler)
 	hs.BaseContext = func(net.Listener) context.Context { return ctx }
 	url := "http://" + ln.Addr().String()
@@ -119,7 +141,7 @@ func (s *Server) ListenAndServe(ctx context.Context, ready chan<- string) error 
 	// is done, so shutdown does not wait for them.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	err = hs.Shutdown(sctx)
+	err := hs.Shutdown(sctx)
 	if e := <-errc; !errors.Is(e, http.ErrServerClosed) && err == nil {
 		err = e
 	}

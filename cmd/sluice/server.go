@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -35,6 +38,10 @@ func (a *app) serverCmd(serve func(ctx context.Context, cfg server.Config) error
 Workers connect over HTTP (sluice worker, or the Go SDK). Auth is required:
 --admin-token guards the whole API, --worker-token only the worker protocol.
 
+The server binds --addr before it opens the database and applies
+migrations: an address in use fails at once without touching the database,
+and workers started first wait for it (see sluice worker --connect-timeout).
+
 The first SIGINT or SIGTERM shuts down gracefully; a second exits at once.`,
 		Example: `  sluice server --db sqlite:/var/lib/sluice/sluice.db \
     --admin-token "$ADMIN" --worker-token "$WORKER" --max-running 200
@@ -60,20 +67,42 @@ The first SIGINT or SIGTERM shuts down gracefully; a second exits at once.`,
 	return cmd
 }
 
-// serve opens the server, starts its background services and serves HTTP
-// until ctx is done. onReady runs once the listener is up.
+// serve binds the listen address, opens the server, starts its background
+// services and serves HTTP until ctx is done. onReady runs once serving.
+//
+// The address is bound first: a port in use fails at once, naming the
+// address, before the database is opened or migrated, and workers started
+// first may connect while migrations run (their requests wait in the
+// listen backlog).
 func (a *app) serve(ctx context.Context, cfg server.Config, onReady func(url string)) error {
-	srv, err := server.Open(ctx, cfg)
+	ln, err := server.Listen(ctx, cfg.Addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("opening server: %w (is another server running there? choose another --addr)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("opening server: %w", err)
 	}
-	return runServer(ctx, srv, onReady, nil)
+	srv, err := server.Open(ctx, cfg)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("opening server: %w", err)
+	}
+	return runServerOn(ctx, srv, ln, onReady, nil)
 }
 
 // runServer starts srv, serves HTTP until ctx is done, and closes srv.
 // afterReady, if not nil, runs in its own goroutine once listening and is
 // waited for before closing (the dev worker and demo).
-func runServer(ctx context.Context, srv *server.Server, onReady func(url string), afterReady func(ctx context.Context, url string)) (err error) {
+func runServer(ctx context.Context, srv *server.Server, onReady func(url string), afterReady func(ctx context.Context, url string)) error {
+	return runServerOn(ctx, srv, nil, onReady, afterReady)
+}
+
+// runServerOn is runServer serving on ln, which it closes, or, when ln is
+// nil, on a listener bound to the configured address.
+func runServerOn(ctx context.Context, srv *server.Server, ln net.Listener, onReady func(url string), afterReady func(ctx context.Context, url string)) (err error) {
+	if ln != nil {
+		defer ln.Close() // in case Start fails before Serve owns it
+	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 		defer cancel()
@@ -87,7 +116,13 @@ func runServer(ctx context.Context, srv *server.Server, onReady func(url string)
 
 	ready := make(chan string, 1)
 	served := make(chan error, 1)
-	go func() { served <- srv.ListenAndServe(ctx, ready) }()
+	go func() {
+		if ln != nil {
+			served <- srv.Serve(ctx, ln, ready)
+			return
+		}
+		served <- srv.ListenAndServe(ctx, ready)
+	}()
 
 	var url string
 	select {

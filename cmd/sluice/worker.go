@@ -47,6 +47,7 @@ type workerFlags struct {
 	leaseLossAfter    time.Duration
 	maxIdle           time.Duration
 	metricsAddr       string
+	connectTimeout    time.Duration
 }
 
 func (a *app) newWorkerCmd() *cobra.Command {
@@ -140,7 +141,7 @@ built-in kinds chosen with --kinds, and runs up to --slots tasks at once.
 
 Built-in kinds: ` + strings.Join(builtinKindNames(), ", ") + `. The exec kind runs a
 command on this machine, so it is left out by default and needs both
---kinds including exec and --allow-exec.
+--kinds including exec and --allow-exec. Inputs and outputs: sluice kinds.
 
 The first SIGINT or SIGTERM stops claiming, lets running tasks finish for
 up to --shutdown-timeout, then releases the rest to other workers; a second
@@ -160,6 +161,13 @@ with no round trip; --no-handover opts out.
 With no complete call in flight, a result waits up to --result-linger for
 the handlers of tasks claimed within that time that are still running (once
 per call), so short tasks claimed together report in one call.
+
+The worker may start before its server: while the server cannot be reached
+or is not ready, it keeps trying to register, with backoff (up to 5s between
+tries) and a log line per try, for up to --connect-timeout (0, the default:
+until stopped). A rejected token fails at once. Once registered, it rides
+out a server restart: it retries its calls and registers again if the
+server forgot it.
 
 With --max-idle, the worker stops by itself (gracefully, exit status 0) once
 it has had no task claimed or running for that long. With --metrics-addr it
@@ -197,6 +205,7 @@ serves Prometheus metrics at /metrics.`,
 	fs.DurationVar(&f.leaseLossAfter, "lease-loss-after", 0, "after this long since the latest call that extended the lease was sent, stop every running task, drop its result and start nothing until a call succeeds; strictly between the heartbeat interval and the lease (0 = lease − interval/2)")
 	fs.DurationVar(&f.maxIdle, "max-idle", 0, "stop gracefully after this long with no task claimed or running (0 = never)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (empty = off)")
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", 0, "at start, how long to keep trying to register while the server cannot be reached or is not ready (0 = until stopped)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	bindAllEnv(fs)
 	bindEnv(fs, "token", "SLUICE_WORKER_TOKEN")
@@ -233,6 +242,8 @@ func (f *workerFlags) validate() ([]string, error) {
 		return nil, usagef("--lease-loss-after: must be more than --heartbeat-interval (%s), got %s", f.heartbeatInterval, f.leaseLossAfter)
 	case f.maxIdle < 0:
 		return nil, usagef("--max-idle: must not be negative, got %s", f.maxIdle)
+	case f.connectTimeout < 0:
+		return nil, usagef("--connect-timeout: must not be negative (0 = keep trying until stopped), got %s", f.connectTimeout)
 	}
 	if f.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
@@ -297,6 +308,7 @@ func (f *workerFlags) config(logger *slog.Logger) sluice.WorkerConfig {
 		HeartbeatInterval: f.heartbeatInterval,
 		LeaseLossAfter:    f.leaseLossAfter,
 		MaxIdle:           f.maxIdle,
+		ConnectTimeout:    f.connectTimeout,
 		NoHandover:        f.noHandover,
 		ResultLinger:      resultLingerConfig(f.resultLinger),
 	}
