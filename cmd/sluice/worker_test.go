@@ -116,6 +116,9 @@ func TestWorkerBackpressureAndLifecycleFlags(t *testing.T) {
 			[]string{"--lease-loss-after", "--heartbeat-interval"}},
 		{"negative max-idle", map[string]string{"SLUICE_MAX_IDLE": "-1m"}, nil, []string{"--max-idle"}},
 		{"bad metrics addr", nil, []string{"--metrics-addr", "9464"}, []string{"--metrics-addr", "HOST:PORT"}},
+		{"negative connect-timeout", nil, []string{"--connect-timeout", "-1s"}, []string{"--connect-timeout", "must not be negative"}},
+		{"negative connect-timeout from env", map[string]string{"SLUICE_CONNECT_TIMEOUT": "-1s"}, nil, []string{"--connect-timeout"}},
+		{"connect-timeout not a duration", map[string]string{"SLUICE_CONNECT_TIMEOUT": "soon"}, nil, []string{"SLUICE_CONNECT_TIMEOUT", "--connect-timeout"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,34 +15,11 @@ import (
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
 )
 
-// leaderStore grants leadership when told to and takes it back by closing
-// lost, as a shared database would when the session dies.
+// leaderStore is a store whose leadership the test grants and takes back
+// (engine.FakeLeader).
 type leaderStore struct {
 	store.Store
-	mu    sync.Mutex
-	grant bool
-	lost  chan struct{}
-}
-
-func (l *leaderStore) TryLead(context.Context) (<-chan struct{}, bool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.grant {
-		return nil, false, nil
-	}
-	l.grant = false
-	l.lost = make(chan struct{})
-	return l.lost, true, nil
-}
-
-func (l *leaderStore) set(grant bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.grant = grant
-	if !grant && l.lost != nil {
-		close(l.lost)
-		l.lost = nil
-	}
+	engine.FakeLeader
 }
 
 // S-ST2: on a shared store the background services run only while the
@@ -91,11 +67,11 @@ func TestBackgroundServicesRunOnlyWhileLeading(t *testing.T) {
 	never(func() bool { return sweeps() > 0 }, "swept while not leading")
 	require.Equal(t, 0.0, metric("sluice_leader"))
 
-	ls.set(true)
+	ls.Set(true)
 	require.Eventually(t, func() bool { return sweeps() >= 3 }, 10*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1.0, metric("sluice_leader"))
 
-	ls.set(false) // the session died: leadership lost
+	ls.Set(false) // the session died: leadership lost
 	require.Eventually(t, func() bool { return metric("sluice_leader") == 0 }, 10*time.Second, 5*time.Millisecond)
 	// One sweep may have been under way when leadership went.
 	before := sweeps()

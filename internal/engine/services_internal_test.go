@@ -213,35 +213,6 @@ func TestProvisionerLoop(t *testing.T) {
 	require.False(t, called, "within the interval")
 }
 
-// fakeLeader grants leadership once per grant and takes it back by
-// closing lost.
-type fakeLeader struct {
-	mu    sync.Mutex
-	grant bool
-	lost  chan struct{}
-}
-
-func (l *fakeLeader) TryLead(context.Context) (<-chan struct{}, bool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.grant {
-		return nil, false, nil
-	}
-	l.grant = false
-	l.lost = make(chan struct{})
-	return l.lost, true, nil
-}
-
-func (l *fakeLeader) set(grant bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.grant = grant
-	if !grant && l.lost != nil {
-		close(l.lost)
-		l.lost = nil
-	}
-}
-
 // The leader runs its services while it leads: started when leadership
 // is taken, stopped when it is lost, and again when it is taken again;
 // stopping the leader stops them.
@@ -253,7 +224,7 @@ func TestLeaderRunsServicesWhileLeading(t *testing.T) {
 		defer svc.mu.Unlock()
 		return svc.running != nil
 	}
-	fl := &fakeLeader{}
+	fl := &FakeLeader{}
 	s := newLeader(b.deps, leaderConfig{Interval: time.Millisecond}, fl,
 		func(_, ctx context.Context) error { return svc.Start(ctx) },
 		func(ctx context.Context) error { return svc.Stop(ctx) })
@@ -268,14 +239,14 @@ func TestLeaderRunsServicesWhileLeading(t *testing.T) {
 	require.NoError(t, s.Start(b.ctx))
 	require.False(t, running())
 	for range 2 {
-		fl.set(true)
+		fl.Set(true)
 		require.True(t, s.led.wait(signalTimeout))
 		require.True(t, running())
-		fl.set(false)
+		fl.Set(false)
 		require.True(t, s.unled.wait(signalTimeout))
 		require.False(t, running())
 	}
-	fl.set(true)
+	fl.Set(true)
 	require.True(t, s.led.wait(signalTimeout))
 	require.NoError(t, s.Stop(b.ctx))
 	require.True(t, s.unled.wait(signalTimeout), "stopping the leader stops its services")

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/wire/wiretest"
 )
 
 // encodeAnswer writes every answer as encoding/json.Encoder does: the
@@ -14,9 +15,9 @@ import (
 // is tested in internal/wire.
 func TestEncodeAnswer(t *testing.T) {
 	t.Parallel()
-	odd := completeAnswer(2)
+	odd := wiretest.CompleteAnswer(2)
 	odd.Tasks[1].Kind = "a<b>"
-	for _, v := range []any{completeAnswer(3), &sluice.ClaimResult{Tasks: completeAnswer(2).Tasks, Cancel: []int64{1}},
+	for _, v := range []any{wiretest.CompleteAnswer(3), &sluice.ClaimResult{Tasks: wiretest.CompleteAnswer(2).Tasks, Cancel: []int64{1}},
 		odd, &sluice.HeartbeatResult{Lost: []int64{1}}, errorBody{Error: &sluice.Error{Code: "x", Message: "<y>"}}} {
 		var want, got bytes.Buffer
 		if err := json.NewEncoder(&want).Encode(v); err != nil {
@@ -27,7 +28,7 @@ func TestEncodeAnswer(t *testing.T) {
 		}
 	}
 	// A value encoding/json cannot write fails as it fails.
-	bad := completeAnswer(1)
+	bad := wiretest.CompleteAnswer(1)
 	bad.Tasks[0].Input = json.RawMessage(`{"a":`)
 	if err := encodeAnswer(new(bytes.Buffer), bad); err == nil {
 		t.Fatal("encodeAnswer wrote an invalid input")

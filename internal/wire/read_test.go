@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/wire/wiretest"
 	"github.com/sluice-dev/sluice/protocol"
 )
 
@@ -21,13 +22,13 @@ func marshal(v any) []byte {
 
 // claimAnswer is the answer to a long-poll claim of n tasks.
 func claimAnswer(n int) []byte {
-	return marshal(protocol.ClaimResult{Tasks: completeAnswer(n).Tasks, Cancel: []int64{7, 8}})
+	return marshal(protocol.ClaimResult{Tasks: wiretest.CompleteAnswer(n).Tasks, Cancel: []int64{7, 8}})
 }
 
 // The server's answers (encoding/json's layout, which AppendAnswer
 // keeps) are read by hand, not left to a general decoder.
 func TestReadAnswerServerLayout(t *testing.T) {
-	for _, raw := range [][]byte{marshal(completeAnswer(3)), claimAnswer(2), marshal(completeAnswer(0)), []byte(`{"tasks":null}` + "\n"),
+	for _, raw := range [][]byte{marshal(wiretest.CompleteAnswer(3)), claimAnswer(2), marshal(wiretest.CompleteAnswer(0)), []byte(`{"tasks":null}` + "\n"),
 		[]byte(`{"results":[{"task_id":1,"status":"stale","next":"lost"}],"tasks":[{"id":1,"kind":"k","queue":"q","concurrency_key":"é",` +
 			`"attempt":1,"max_attempts":1,"input":null,"timeout":"1.5µs","created_at":"2026-11-25T06:00:00+05:30",` +
 			`"started_at":"0001-01-01T00:00:00Z","lease_expires_at":"2026-11-25T06:00:00.1Z","after":9}]}`)} {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-dev/sluice/internal/wire/wiretest"
 	"github.com/sluice-dev/sluice/protocol"
 )
 
@@ -74,7 +75,7 @@ func TestAppendAnswer(t *testing.T) {
 		}
 	}
 	// The plain answers must take the fast path, or it is dead code.
-	for _, v := range []any{completeAnswer(3), &protocol.ClaimResult{Tasks: completeAnswer(2).Tasks, Cancel: []int64{1}}} {
+	for _, v := range []any{wiretest.CompleteAnswer(3), &protocol.ClaimResult{Tasks: wiretest.CompleteAnswer(2).Tasks, Cancel: []int64{1}}} {
 		if !checkEncodes(t, v) {
 			t.Fatalf("%#v: not written by hand", v)
 		}
