@@ -31,4 +31,38 @@ type Backend interface {
 	Heartbeat(ctx context.Context, workerID string, p HeartbeatParams) (*HeartbeatResult, error)
 	Release(ctx context.Context, workerID string, p ReleaseParams) error
 	DeregisterWorker(ctx context.Context, workerID string) error
+
+	Workflows
+}
+
+// Workflows is the workflow half of a Backend: definitions and runs.
+type Workflows interface {
+	// ApplyWorkflow uploads a definition, YAML or JSON as contentType
+	// says ("application/yaml", "text/yaml", "application/json"). A
+	// changed definition becomes the workflow's next version; an
+	// unchanged one keeps its version (Created false). A bad definition
+	// is an *Error naming the field and, from YAML, its line.
+	ApplyWorkflow(ctx context.Context, definition []byte, contentType string) (*ApplyResult, error)
+	// GetWorkflow returns a version of a workflow with its definition
+	// (version 0: the latest).
+	GetWorkflow(ctx context.Context, name string, version int) (*WorkflowInfo, error)
+	// ListWorkflows returns the latest version of every workflow.
+	ListWorkflows(ctx context.Context) ([]WorkflowInfo, error)
+	// StartRun starts a run. created is false when an idempotency key
+	// matched an existing run, which is returned instead. Over the
+	// admission ceiling it is an *AdmissionError and nothing is created.
+	StartRun(ctx context.Context, p StartRunParams) (run *Run, created bool, err error)
+	// GetRun returns a run with its steps and what it waits for.
+	GetRun(ctx context.Context, id int64) (*Run, error)
+	ListRuns(ctx context.Context, f RunFilter) (*RunPage, error)
+	// CancelRun cancels a run that has not ended.
+	CancelRun(ctx context.Context, id int64) (*Run, error)
+
+	// ListSchedules returns the cron schedules of every workflow.
+	ListSchedules(ctx context.Context) ([]Schedule, error)
+	// PauseSchedule stops a schedule from firing; ResumeSchedule lets it
+	// fire again from its next tick (ticks missed while paused are not
+	// replayed). Both are harmless when repeated.
+	PauseSchedule(ctx context.Context, id int64) (*Schedule, error)
+	ResumeSchedule(ctx context.Context, id int64) (*Schedule, error)
 }

@@ -138,6 +138,9 @@ func (c *Client) ListTasks(ctx context.Context, f TaskFilter) (*TaskPage, error)
 	if f.Kind != "" {
 		q.Set("kind", f.Kind)
 	}
+	if f.RunID != 0 {
+		q.Set("run_id", strconv.FormatInt(f.RunID, 10))
+	}
 	if f.Limit > 0 {
 		q.Set("limit", strconv.Itoa(f.Limit))
 	}
@@ -225,44 +228,13 @@ func (c *Client) Wait(ctx context.Context, id int64) (*Task, error) {
 // (network, server not ready, its database unreachable) are retried until
 // ctx is done.
 func Wait(ctx context.Context, b Backend, id int64) (*Task, error) {
-	const (
-		first = 10 * time.Millisecond
-		most  = 500 * time.Millisecond
-	)
-	delay := first
-	var timer *time.Timer
-	var lastErr error
-	for {
+	return poll(ctx, fmt.Sprintf("task %d", id), func() (*Task, bool, error) {
 		t, err := b.GetTask(ctx, id)
-		switch {
-		case err == nil:
-			if t.State.Terminal() {
-				return t, nil
-			}
-			lastErr = nil
-		case ctx.Err() != nil:
-			// Reported below with the context's error.
-		case permanent(err):
-			return nil, fmt.Errorf("waiting for task %d: %w", id, err)
-		default:
-			lastErr = err
+		if err != nil {
+			return nil, false, err
 		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
-			if lastErr != nil {
-				return nil, fmt.Errorf("waiting for task %d: %w (last error: %v)", id, context.Cause(ctx), lastErr)
-			}
-			return nil, fmt.Errorf("waiting for task %d: %w", id, context.Cause(ctx))
-		case <-timer.C:
-		}
-		delay = min(delay*2, most)
-	}
+		return t, t.State.Terminal(), nil
+	})
 }
 
 // permanent reports whether repeating the call cannot succeed.
@@ -289,7 +261,10 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	defer cancel()
 
 	var payload []byte
-	if body != nil {
+	ctype := "application/json"
+	if rb, ok := body.(rawBody); ok {
+		payload, ctype = rb.data, rb.contentType
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return 0, fmt.Errorf("sluice: encoding %s %s: %w", method, path, err)
@@ -313,7 +288,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 			return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
 		}
 		if body != nil {
-			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Content-Type", ctype)
 		}
 		req.Header.Set("Accept", "application/json")
 		if c.token != "" {
@@ -350,6 +325,12 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		}
 	}
 	return resp.StatusCode, nil
+}
+
+// rawBody is a request body sent as it is, with its content type.
+type rawBody struct {
+	data        []byte
+	contentType string
 }
 
 // isDialError reports whether err means no connection was made, so the

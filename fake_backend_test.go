@@ -14,8 +14,9 @@ import (
 // tasks, leases per task, and a record of every call. It is safe for
 // concurrent use.
 type fakeBackend struct {
-	lease    time.Duration
-	interval time.Duration
+	Workflows // not used by the worker: nil
+	lease     time.Duration
+	interval  time.Duration
 
 	mu      sync.Mutex
 	nextID  int64

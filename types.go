@@ -42,10 +42,14 @@ const (
 	StateCancelled TaskState = "cancelled"
 	// StatePaused: held by a paused queue; resume returns it to queued.
 	StatePaused TaskState = "paused"
+	// StateWaiting: an item of a workflow run's fan-out step waiting for
+	// room in the step's window (its concurrency). Holds no slot; the
+	// end of an item in the window moves the next one to queued.
+	StateWaiting TaskState = "waiting"
 )
 
 // AllStates lists every state, in lifecycle order.
-var AllStates = []TaskState{StateScheduled, StateQueued, StateReserved, StateReady, StateRunning, StateSucceeded, StateFailed, StateCancelled, StatePaused}
+var AllStates = []TaskState{StateWaiting, StateScheduled, StateQueued, StateReserved, StateReady, StateRunning, StateSucceeded, StateFailed, StateCancelled, StatePaused}
 
 // Valid reports whether s is a known state.
 func (s TaskState) Valid() bool {
@@ -130,6 +134,12 @@ type Task struct {
 	PausedFrom TaskState `json:"paused_from,omitempty"`
 	// After is the running task a reserved task follows (state reserved).
 	After int64 `json:"after,omitempty"`
+	// RunID, Step and Item place a task of a workflow run: its run, its
+	// step's name and, in a fan-out step, the item's index (nil
+	// otherwise). Zero and empty for a task triggered on its own.
+	RunID int64  `json:"run_id,omitempty"`
+	Step  string `json:"step,omitempty"`
+	Item  *int   `json:"item,omitempty"`
 	// Explain says why a non-terminal task is not running.
 	Explain  string    `json:"explain"`
 	Attempts []Attempt `json:"attempts"`
@@ -151,6 +161,8 @@ type TaskFilter struct {
 	State TaskState
 	Queue string
 	Kind  string
+	// RunID selects the tasks of one workflow run.
+	RunID int64
 	// Limit defaults to 100, at most 1000.
 	Limit int
 	// After is the cursor from a previous page's Next.

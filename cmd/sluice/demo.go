@@ -166,5 +166,80 @@ func (a *app) runDemo(ctx context.Context, b sluice.Backend) error {
 	if maxLimited > demoLimitedLimit || maxPerKey > demoTenantsLimit {
 		return fmt.Errorf("a concurrency limit was exceeded: this is a bug, please report it")
 	}
+	return a.runFanOutDemo(ctx, b)
+}
+
+// The demo's workflow: a fan-out over demoFanOutItems sleep tasks with a
+// window of demoFanOutWindow, then a step that counts the results.
+const (
+	demoWorkflow     = "demo-fanout"
+	demoFanOutItems  = 12
+	demoFanOutWindow = 3
+)
+
+// runFanOutDemo uploads the demo workflow, starts one run, watches how
+// many of its items run at once, and checks the window held.
+func (a *app) runFanOutDemo(ctx context.Context, b sluice.Backend) error {
+	_, err := sluice.ApplyDefinition(ctx, b, sluice.Definition{
+		Name: demoWorkflow,
+		Steps: []sluice.StepDefinition{
+			{Name: "each", Kind: "sleep", WithItems: sluice.Expr("input.sleeps"), Concurrency: demoFanOutWindow,
+				Input: map[string]any{"duration": sluice.Expr("item")}, MaxAttempts: 1},
+			{Name: "count", Kind: "echo", Input: map[string]any{"items": sluice.Expr("size(steps.each.output)")}},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("uploading the demo workflow: %w", err)
+	}
+	sleeps := make([]string, demoFanOutItems)
+	for i := range sleeps {
+		sleeps[i] = (demoMinSleep + rand.N(demoMaxSleep-demoMinSleep+1)).Round(time.Millisecond).String()
+	}
+	input, _ := json.Marshal(map[string]any{"sleeps": sleeps})
+	run, _, err := b.StartRun(ctx, sluice.StartRunParams{Workflow: demoWorkflow, Input: input})
+	if err != nil {
+		return fmt.Errorf("starting the demo run: %w", err)
+	}
+	fmt.Fprintf(a.stdout, "\ndemo: workflow %s, run %d: a fan-out over %d sleep tasks with a window of %d, then a count\n",
+		demoWorkflow, run.ID, demoFanOutItems, demoFanOutWindow)
+	maxRunning := 0
+	tick := time.NewTicker(demoSample)
+	defer tick.Stop()
+	deadline := time.After(demoMaxDuration)
+	for n := 0; ; n++ {
+		running, err := b.ListTasks(ctx, sluice.TaskFilter{RunID: run.ID, State: sluice.StateRunning, Limit: 1000})
+		if err != nil {
+			return err
+		}
+		r, err := b.GetRun(ctx, run.ID)
+		if err != nil {
+			return err
+		}
+		maxRunning = max(maxRunning, len(running.Tasks))
+		if n%demoPrintEvery == 0 || r.State.Terminal() {
+			each := r.Steps[0]
+			fmt.Fprintf(a.stdout, "run %d %s: items running %d/%d waiting %2d done %2d\n", run.ID, r.State,
+				len(running.Tasks), demoFanOutWindow, each.Counts[sluice.StateWaiting],
+				each.Counts[sluice.StateSucceeded]+each.Counts[sluice.StateFailed]+each.Counts[sluice.StateCancelled])
+		}
+		if r.State.Terminal() {
+			fmt.Fprintf(a.stdout, "run %d %s, output %s; max items running observed: %d (window %d)\n",
+				run.ID, r.State, r.Output, maxRunning, demoFanOutWindow)
+			if r.State != sluice.RunSucceeded {
+				return fmt.Errorf("the demo run ended %s: %s", r.State, r.Error)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("run %d still unfinished after %s (sluice runs get %d)", run.ID, demoMaxDuration, run.ID)
+		case <-tick.C:
+		}
+	}
+	if maxRunning > demoFanOutWindow {
+		return fmt.Errorf("a fan-out window was exceeded: this is a bug, please report it")
+	}
 	return nil
 }

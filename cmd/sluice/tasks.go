@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -19,6 +20,7 @@ func (a *app) newTasksCmd() *cobra.Command {
 			Use:   use,
 			Short: "List tasks, newest first",
 			Example: `  sluice tasks --state queued --queue email
+  sluice tasks --run 12              # the tasks of a workflow run
   sluice tasks list --kind sleep --limit 20 -o json
   sluice tasks --after CURSOR        # the next page`,
 			Args: noArgs,
@@ -31,6 +33,9 @@ func (a *app) newTasksCmd() *cobra.Command {
 				}
 				if f.Limit < 0 || f.Limit > 1000 {
 					return usagef("--limit: must be between 1 and 1000 (0 = server default, 100), got %d", f.Limit)
+				}
+				if f.RunID < 0 {
+					return usagef("--run: want a positive run id, got %d", f.RunID)
 				}
 				b, err := c.backend()
 				if err != nil {
@@ -51,9 +56,10 @@ func (a *app) newTasksCmd() *cobra.Command {
 			},
 		}
 		fs := cmd.Flags()
-		fs.StringVar(&state, "state", "", "only tasks in this state (scheduled, queued, reserved, ready, running, succeeded, failed, cancelled, paused)")
+		fs.StringVar(&state, "state", "", "only tasks in this state (waiting, scheduled, queued, reserved, ready, running, succeeded, failed, cancelled, paused)")
 		fs.StringVar(&f.Queue, "queue", "", "only tasks of this queue")
 		fs.StringVar(&f.Kind, "kind", "", "only tasks of this kind")
+		fs.Int64Var(&f.RunID, "run", 0, "only tasks of this workflow run")
 		fs.IntVar(&f.Limit, "limit", 0, "most tasks to list, 1 to 1000 (default: the server's, 100)")
 		fs.StringVar(&f.After, "after", "", "cursor printed by the previous page")
 		return cmd
@@ -127,7 +133,17 @@ func parseTaskID(s string) (int64, error) {
 
 func (a *app) printTaskList(tasks []sluice.Task) {
 	now := time.Now()
-	tw := a.newTable("ID", "KIND", "QUEUE", "KEY", "STATE", "ATTEMPT", "PRIORITY", "AGE", "DETAIL")
+	// RUN, STEP and ITEM place the tasks of workflow runs; shown only
+	// when a listed task belongs to one.
+	runs := false
+	for _, t := range tasks {
+		runs = runs || t.RunID != 0
+	}
+	header := []string{"ID", "KIND", "QUEUE", "KEY", "STATE", "ATTEMPT", "PRIORITY", "AGE", "DETAIL"}
+	if runs {
+		header = slices.Insert(header, 1, "RUN", "STEP", "ITEM")
+	}
+	tw := a.newTable(header...)
 	for _, t := range tasks {
 		// DETAIL is why an unfinished task waits, when the server says,
 		// else the last error (a running task may show its previous
@@ -136,8 +152,19 @@ func (a *app) printTaskList(tasks []sluice.Task) {
 		if t.State.Terminal() || note == "" {
 			note = t.Error
 		}
-		row(tw, t.ID, t.Kind, t.Queue, t.ConcurrencyKey, string(t.State),
-			fmt.Sprintf("%d/%d", t.Attempt, t.MaxAttempts), t.Priority, age(t.CreatedAt, now), truncate(note, 60))
+		cells := []any{t.ID, t.Kind, t.Queue, t.ConcurrencyKey, string(t.State),
+			fmt.Sprintf("%d/%d", t.Attempt, t.MaxAttempts), t.Priority, age(t.CreatedAt, now), truncate(note, 60)}
+		if runs {
+			var run, item any // "-" when not set
+			if t.RunID != 0 {
+				run = t.RunID
+			}
+			if t.Item != nil {
+				item = *t.Item
+			}
+			cells = slices.Insert(cells, 1, run, any(t.Step), item)
+		}
+		row(tw, cells...)
 	}
 	tw.Flush()
 }
@@ -154,6 +181,13 @@ func (a *app) printTask(c *clientFlags, t *sluice.Task) error {
 	field("QUEUE", t.Queue)
 	field("KEY", t.ConcurrencyKey)
 	field("STATE", string(t.State))
+	if t.RunID != 0 {
+		field("RUN", t.RunID)
+		field("STEP", t.Step)
+		if t.Item != nil {
+			field("ITEM", *t.Item)
+		}
+	}
 	if t.PausedFrom != "" {
 		field("PAUSED FROM", string(t.PausedFrom))
 	}

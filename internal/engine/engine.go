@@ -170,6 +170,11 @@ type Engine struct {
 	provisioner *provisioner
 	listener    *listener
 	leader      *leader
+	// orchestrator moves workflow runs on (on every server); defs caches
+	// compiled workflow versions.
+	orchestrator *orchestrator
+	defs         *definitions
+	cron         *cronService
 
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
@@ -212,6 +217,9 @@ func (e *Engine) now() time.Time { return e.cfg.Clock.Now() }
 
 // after handles a store outcome: wake workers if tasks became ready.
 func (e *Engine) after(o store.Outcome) {
+	if o.RunEvents > 0 {
+		e.orchestrator.wake()
+	}
 	if o.Readied > 0 {
 		e.disp.wake()
 		return

@@ -12,6 +12,8 @@ import (
 // is doing. It is empty for finished tasks.
 func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 	switch t.State {
+	case sluice.StateWaiting:
+		return e.explainWaiting(ctx, t)
 	case sluice.StateScheduled:
 		if t.Attempt > 0 {
 			return fmt.Sprintf("backing off until %s after attempt %d/%d failed: %s", t.RunAt.Format(time.RFC3339Nano), t.Attempt, t.MaxAttempts, t.Error), nil
@@ -60,4 +62,23 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 		return s, nil
 	}
 	return "", nil
+}
+
+// explainWaiting explains a fan-out item waiting for its step's window.
+func (e *Engine) explainWaiting(ctx context.Context, t *sluice.Task) (string, error) {
+	run, err := e.st.GetRun(ctx, t.RunID)
+	if err != nil {
+		return "", err
+	}
+	for _, s := range run.Steps {
+		if s.Name != t.Step {
+			continue
+		}
+		if s.State != sluice.StepRunning {
+			return fmt.Sprintf("waiting: step %q of run %d is %s", s.Name, run.ID, s.State), nil
+		}
+		return fmt.Sprintf("waiting for room in the window of step %q of run %d: %d/%d items running, %d waiting",
+			s.Name, run.ID, s.Active, s.Window, s.Waiting), nil
+	}
+	return fmt.Sprintf("waiting for room in the window of step %q of run %d", t.Step, t.RunID), nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/workflow/orchestrate"
 )
 
 // The engine's background services, and when they run. Each is a type in
@@ -20,6 +21,11 @@ func (e *Engine) newServices() {
 	e.sweeper = newLeaseSweeper(deps, leaseSweeperConfig{Interval: e.cfg.SweepInterval, Backoff: e.cfg.Backoff}, e.scheduler.kick)
 	e.retention = newRetention(deps, retentionConfig{Retention: e.cfg.Retention, Interval: e.cfg.RetentionInterval})
 	e.provisioner = newProvisioner(deps, e.cfg.Provisioner, e.cfg.SweepInterval)
+	e.defs = newDefinitions(e.st)
+	e.orchestrator = newOrchestrator(deps, orchestratorConfig{Poll: orchestratorPoll,
+		Defaults: orchestrate.Defaults{MaxAttempts: e.cfg.DefaultMaxAttempts}}, e.defs, e.afterRun)
+	e.cron = newCronService(deps, cronConfig{MaxWait: schedulerMaxWait}, e.newRun,
+		func() store.Limits { return store.Limits{MaxActive: e.cfg.MaxActive} }, e.after)
 	if n, ok := e.st.(store.Notifier); ok {
 		e.listener = newListener(deps, n, e.disp.wake)
 	}
@@ -31,6 +37,10 @@ func (e *Engine) newServices() {
 // schedulerMaxWait is the longest the scheduler sleeps, so that tasks
 // other servers schedule are promoted within a second.
 const schedulerMaxWait = time.Second
+
+// orchestratorPoll is how often the orchestrator looks for run events it
+// was not woken for (another server wrote them, and crashed).
+const orchestratorPoll = time.Second
 
 // Start applies the environment limit and starts the background
 // services: on a store several servers share (store.Leader), only while
@@ -45,6 +55,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.after(o)
 	// The services outlive the call that starts them: Stop ends them.
 	bg := context.WithoutCancel(ctx)
+	// Every server moves runs on (orchestrator.go): a decision is applied
+	// once however many servers take it.
+	if err := e.orchestrator.Start(bg); err != nil {
+		return err
+	}
 	if e.listener != nil {
 		if err := e.listener.Start(bg); err != nil {
 			return err
@@ -87,7 +102,7 @@ func (e *Engine) stopServices(ctx context.Context) error {
 // leaderOnly are the services that run on one server of a cluster at a
 // time, the leader (on a store of its own, always).
 func (e *Engine) leaderOnly() []service {
-	out := []service{e.sweeper, e.scheduler}
+	out := []service{e.sweeper, e.scheduler, e.cron}
 	if e.retention.cfg.enabled() {
 		out = append(out, e.retention)
 	}
@@ -101,7 +116,7 @@ func (e *Engine) leaderOnly() []service {
 // under way ends after its transaction), then, once ctx ends, hard. It
 // returns ctx's error if they did not stop in time.
 func (e *Engine) Stop(ctx context.Context) error {
-	var top []service
+	top := []service{e.orchestrator}
 	if e.listener != nil {
 		top = append(top, e.listener)
 	}

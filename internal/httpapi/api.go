@@ -97,6 +97,19 @@ var Routes = []Route{
 	{"GET", "/v1/tasks/{id}", ScopeAdmin, (*api).getTask},
 	{"POST", "/v1/tasks/{id}/cancel", ScopeAdmin, (*api).cancelTask},
 
+	{"POST", "/v1/workflows", ScopeAdmin, (*api).applyWorkflow},
+	{"GET", "/v1/workflows", ScopeAdmin, (*api).listWorkflows},
+	{"GET", "/v1/workflows/{name}", ScopeAdmin, (*api).getWorkflow},
+
+	{"POST", "/v1/runs", ScopeAdmin, (*api).startRun},
+	{"GET", "/v1/runs", ScopeAdmin, (*api).listRuns},
+	{"GET", "/v1/runs/{id}", ScopeAdmin, (*api).getRun},
+	{"POST", "/v1/runs/{id}/cancel", ScopeAdmin, (*api).cancelRun},
+
+	{"GET", "/v1/schedules", ScopeAdmin, (*api).listSchedules},
+	{"POST", "/v1/schedules/{id}/pause", ScopeAdmin, (*api).pauseSchedule},
+	{"POST", "/v1/schedules/{id}/resume", ScopeAdmin, (*api).resumeSchedule},
+
 	{"GET", "/v1/workers", ScopeAdmin, (*api).listWorkers},
 	{"POST", "/v1/workers", ScopeWorker, (*api).register},
 	{"DELETE", "/v1/workers/{id}", ScopeWorker, (*api).deregister},

@@ -401,6 +401,16 @@ func TestAuth(t *testing.T) {
 		"GET /v1/workers":                 "",
 		"GET /healthz":                    "",
 		"GET /readyz":                     "",
+		"POST /v1/workflows":              `{"name":"a","steps":[{"name":"s","kind":"a"}]}`,
+		"GET /v1/workflows":               "",
+		"GET /v1/workflows/{name}":        "",
+		"POST /v1/runs":                   `{"workflow":"a"}`,
+		"GET /v1/runs":                    "",
+		"GET /v1/runs/{id}":               "",
+		"POST /v1/runs/{id}/cancel":       "",
+		"GET /v1/schedules":               "",
+		"POST /v1/schedules/{id}/pause":   "",
+		"POST /v1/schedules/{id}/resume":  "",
 	}
 	concrete := strings.NewReplacer("{name}", "email", "{id}", "1")
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "sluice_up 1") })

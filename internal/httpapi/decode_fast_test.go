@@ -24,6 +24,7 @@ var requestTypes = []func() any{
 	func() any { return &sluice.CompleteParams{} },
 	func() any { return &sluice.HeartbeatParams{} },
 	func() any { return &sluice.ReleaseParams{} },
+	func() any { return &sluice.StartRunParams{} },
 }
 
 // Every field of every request body, found by reflection, is read: a

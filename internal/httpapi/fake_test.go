@@ -200,3 +200,86 @@ func (f *fakeBackend) Release(ctx context.Context, id string, p sluice.ReleasePa
 func (f *fakeBackend) DeregisterWorker(ctx context.Context, id string) error {
 	return f.record("DeregisterWorker", id)
 }
+
+func fakeRun(id int64) *sluice.Run {
+	return &sluice.Run{ID: id, Workflow: "ingest", Version: 1, State: sluice.RunRunning, Input: json.RawMessage(`{}`),
+		Output: json.RawMessage(`null`), CreatedAt: t0}
+}
+
+func (f *fakeBackend) ApplyWorkflow(ctx context.Context, def []byte, contentType string) (*sluice.ApplyResult, error) {
+	if err := f.record("ApplyWorkflow", contentType); err != nil {
+		return nil, err
+	}
+	return &sluice.ApplyResult{Name: "ingest", Version: 1, Created: !f.notCreated}, nil
+}
+
+func (f *fakeBackend) GetWorkflow(ctx context.Context, name string, version int) (*sluice.WorkflowInfo, error) {
+	if err := f.record("GetWorkflow", version); err != nil {
+		return nil, err
+	}
+	return &sluice.WorkflowInfo{Name: name, Version: max(version, 1), Definition: json.RawMessage(`{"name":"` + name + `"}`), CreatedAt: t0}, nil
+}
+
+func (f *fakeBackend) ListWorkflows(ctx context.Context) ([]sluice.WorkflowInfo, error) {
+	if err := f.record("ListWorkflows", nil); err != nil {
+		return nil, err
+	}
+	return []sluice.WorkflowInfo{{Name: "ingest", Version: 1, CreatedAt: t0}}, nil
+}
+
+func (f *fakeBackend) StartRun(ctx context.Context, p sluice.StartRunParams) (*sluice.Run, bool, error) {
+	if err := f.record("StartRun", p); err != nil {
+		return nil, false, err
+	}
+	return fakeRun(1), !f.notCreated, nil
+}
+
+func (f *fakeBackend) GetRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := f.record("GetRun", id); err != nil {
+		return nil, err
+	}
+	return fakeRun(id), nil
+}
+
+func (f *fakeBackend) ListRuns(ctx context.Context, fl sluice.RunFilter) (*sluice.RunPage, error) {
+	if err := f.record("ListRuns", fl); err != nil {
+		return nil, err
+	}
+	return &sluice.RunPage{Runs: []sluice.Run{*fakeRun(1)}}, nil
+}
+
+func (f *fakeBackend) CancelRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := f.record("CancelRun", id); err != nil {
+		return nil, err
+	}
+	r := fakeRun(id)
+	r.State = sluice.RunCancelled
+	return r, nil
+}
+
+func fakeSchedule(id int64) *sluice.Schedule {
+	return &sluice.Schedule{ID: id, Workflow: "ingest", Cron: "*/15 * * * *", Input: json.RawMessage(`null`), NextAt: t0}
+}
+
+func (f *fakeBackend) ListSchedules(ctx context.Context) ([]sluice.Schedule, error) {
+	if err := f.record("ListSchedules", nil); err != nil {
+		return nil, err
+	}
+	return []sluice.Schedule{*fakeSchedule(1)}, nil
+}
+
+func (f *fakeBackend) PauseSchedule(ctx context.Context, id int64) (*sluice.Schedule, error) {
+	if err := f.record("PauseSchedule", id); err != nil {
+		return nil, err
+	}
+	s := fakeSchedule(id)
+	s.Paused = true
+	return s, nil
+}
+
+func (f *fakeBackend) ResumeSchedule(ctx context.Context, id int64) (*sluice.Schedule, error) {
+	if err := f.record("ResumeSchedule", id); err != nil {
+		return nil, err
+	}
+	return fakeSchedule(id), nil
+}

@@ -242,3 +242,75 @@ func FuzzDecodeTriggerBatch(f *testing.F) {
 		})
 	})
 }
+
+// validStartRun is what the engine's StartRun accepts: what POST /v1/runs
+// may hand the backend.
+func validStartRun(p sluice.StartRunParams) error {
+	if err := validate.Name("workflow", p.Workflow); err != nil {
+		return err
+	}
+	if p.Version < 0 {
+		return sluice.Invalid("version", "negative: %d", p.Version)
+	}
+	if len(p.Input) > 0 {
+		if !json.Valid(p.Input) {
+			return sluice.Invalid("input", "not valid JSON")
+		}
+		if err := validate.JSONText("input", p.Input); err != nil {
+			return err
+		}
+	}
+	return validate.IdempotencyKey(p.IdempotencyKey)
+}
+
+func FuzzDecodeStartRun(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f,
+		`{"workflow":"ingest"}`,
+		`{"workflow":"ingest","version":2,"input":{"url":"https://example.test","images":["a","b"]},"idempotency_key":"k1"}`,
+		`{"workflow":"ingest","version":0,"input":null,"idempotency_key":""}`,
+		`{"workflow":5}`, `{"workflow":"a b"}`, `{"workflow":""}`, `{"workflow":"a","version":-1}`, `{"workflow":"a","version":"1"}`,
+		`{"workflow":"a","version":1.5}`, `{"workflow":"a","version":9223372036854775808}`, `{"workflow":"a","version":1e3}`,
+		`{"Workflow":"a"}`, `{"workflow":"a","workflow":"b"}`, `{"workflow":"a","kind":"b"}`, `{"workflow":"a","input":}`,
+		`{"workflow":"a"} x`, `{"workflow":"a","idempotency_key":7}`, `{"workflow":"a","idempotency_key":"k\u0007"}`,
+		"{\"workflow\":\"a\",\"input\":{\"s\":\"\xff\"}}", `{"workflow":"a","input":["\ud800"]}`, `{"workflow":"a","input":"\ud83d\ude00"}`,
+		"{\"workflow\":\"a\",\"idempotency_key\":\"\xed\xa0\x80\"}", `{"workflow":"a","idempotency_key":"\udc00"}`, "{\"workflow\":\"a\xff\"}",
+	)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/runs", body, func(arg any) error {
+			return validStartRun(arg.(sluice.StartRunParams))
+		})
+	})
+}
+
+func FuzzRunFilterQuery(f *testing.F) {
+	for _, s := range []string{
+		"", "workflow=ingest&state=failed&limit=10&after=42", "state=queued", "state=paused", "state=waiting", "state=done",
+		"state=", "workflow=", "workflow=a%20b", "workflow=a:b.c_d-e", "limit=0", "limit=1001", "limit=-1", "limit=1e3",
+		"limit=%31", "limit=99999999999999999999", "stat=failed", "state=failed&state=running", "state=%zz", "a;b",
+		"after=%ff", "after=%07", "after=%00", "=", "&&&",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, query string) {
+		fb := &fakeBackend{}
+		h := httpapi.New(fb, httpapi.Options{})
+		r := httptest.NewRequest(http.MethodGet, "/v1/runs", nil)
+		r.URL.RawQuery = query
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		checkFuzzAnswer(t, w, fb, func(arg any) error {
+			fl := arg.(sluice.RunFilter)
+			if fl.Workflow != "" {
+				if err := validate.Name("workflow", fl.Workflow); err != nil {
+					return err
+				}
+			}
+			if fl.State != "" && !fl.State.Valid() {
+				return sluice.Invalid("state", "unknown run state %q", fl.State)
+			}
+			// The limit and the cursor follow GET /v1/tasks's rules.
+			return validate.TaskFilter(&sluice.TaskFilter{Limit: fl.Limit, After: fl.After})
+		})
+	})
+}

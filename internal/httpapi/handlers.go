@@ -215,6 +215,12 @@ func parseTaskFilter(rawQuery string) (sluice.TaskFilter, error) {
 			f.Queue = v[0]
 		case "kind":
 			f.Kind = v[0]
+		case "run_id":
+			n, err := strconv.ParseInt(v[0], 10, 64)
+			if err != nil || n < 1 {
+				return f, sluice.Invalid("run_id", "want a positive integer run id, got %q", clip(v[0]))
+			}
+			f.RunID = n
 		case "after":
 			f.After = v[0]
 		case "limit":
@@ -224,7 +230,7 @@ func parseTaskFilter(rawQuery string) (sluice.TaskFilter, error) {
 			}
 			f.Limit = n
 		default:
-			return f, sluice.Invalid(clip(k), "unknown query parameter: use state, queue, kind, limit or after")
+			return f, sluice.Invalid(clip(k), "unknown query parameter: use state, queue, kind, run_id, limit or after")
 		}
 	}
 	return f, validate.TaskFilter(&f)

@@ -40,6 +40,16 @@ func TestStoreUnavailable(t *testing.T) {
 		"POST /v1/workers/{id}/complete":  `{"results":[{"task_id":1,"attempt":1}]}`,
 		"POST /v1/workers/{id}/heartbeat": `{"free_slots":1}`,
 		"POST /v1/workers/{id}/release":   `{"task_ids":[1]}`,
+		"POST /v1/workflows":              `{"name":"a","steps":[{"name":"s","kind":"a"}]}`,
+		"GET /v1/workflows":               "",
+		"GET /v1/workflows/{name}":        "",
+		"POST /v1/runs":                   `{"workflow":"a"}`,
+		"GET /v1/runs":                    "",
+		"GET /v1/runs/{id}":               "",
+		"POST /v1/runs/{id}/cancel":       "",
+		"GET /v1/schedules":               "",
+		"POST /v1/schedules/{id}/pause":   "",
+		"POST /v1/schedules/{id}/resume":  "",
 	}
 	fill := strings.NewReplacer("{name}", "q", "{id}", "1")
 	driverErr := errors.New("dial tcp 10.9.8.7:5432: connect: connection refused")

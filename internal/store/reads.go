@@ -206,7 +206,8 @@ type TaskRow struct {
 	input, output                        []byte
 	timeoutUS, runAt, createdAt          int64
 	deadline, started, finished, leaseAt *int64
-	after                                *int64
+	after, runID, item                   *int64
+	step                                 *string
 }
 
 // Dest is the scan destination of the row's columns.
@@ -214,7 +215,8 @@ func (x *TaskRow) Dest() []any {
 	t := &x.task
 	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
 		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
-		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after}
+		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after,
+		&x.runID, &x.step, &x.item}
 }
 
 // Task is the task scanned, with no attempts.
@@ -232,6 +234,14 @@ func (x *TaskRow) Task() *sluice.Task {
 	task.WorkerID = deref(x.workerID)
 	if x.after != nil {
 		task.After = *x.after
+	}
+	if x.runID != nil {
+		task.RunID = *x.runID
+		task.Step = deref(x.step)
+		if x.item != nil {
+			i := int(*x.item)
+			task.Item = &i
+		}
 	}
 	task.Input = JSONOrNull(x.input)
 	task.Output = JSONOrNull(x.output)
@@ -396,6 +406,9 @@ func ListTasksSQL(selectFrom string, f sluice.TaskFilter, afterID int64, param P
 	}
 	if f.Kind != "" {
 		cond("t.kind", f.Kind)
+	}
+	if f.RunID != 0 {
+		cond("t.run_id", f.RunID)
 	}
 	if afterID > 0 {
 		ph, _ := param(len(args)+1, "t.id", afterID)

@@ -44,6 +44,17 @@ type NewTask struct {
 	RunAt            time.Time // zero = now
 	DispatchDeadline time.Duration
 	IdempotencyKey   string
+	// Run places a task of a workflow run (set by the store's ApplyRun).
+	Run *RunPlace
+}
+
+// RunPlace is where a task of a workflow run sits.
+type RunPlace struct {
+	RunID, StepID int64
+	Item          *int // a fan-out item's index
+	// Waiting: a fan-out item beyond its step's window: it enters in
+	// state waiting.
+	Waiting bool
 }
 
 // EnqueueResult is the outcome of one NewTask.
@@ -65,6 +76,9 @@ type Outcome struct {
 	// Yielded: a CompleteClaim under ClaimSpec.Spread claimed nothing
 	// because another worker goes first.
 	Yielded bool
+	// RunEvents: how many run events the transaction wrote (the workflow
+	// layer has runs to look at).
+	RunEvents int
 }
 
 // Worker is a registered worker.
@@ -288,9 +302,12 @@ type Store interface {
 	// attempts) that finished before before, oldest first, in one short
 	// transaction, and returns how many (S-ST4).
 	DeleteFinished(ctx context.Context, before time.Time, limit int) (int, error)
-	// CheckCounters recomputes every slot counter from the tasks and
-	// returns a description of each mismatch (tests and `sluice doctor`).
+	// CheckCounters recomputes every slot counter (and every run step's
+	// counters) from the tasks and returns a description of each mismatch
+	// (tests and `sluice doctor`).
 	CheckCounters(ctx context.Context) ([]string, error)
+
+	RunStore
 }
 
 // Notifier is implemented by stores that several servers share: Listen

@@ -223,6 +223,18 @@ func (nt *NewTask) DeadlineUS(now int64) *int64 {
 	return &d
 }
 
+// Columns are the run_id, step_id, item and windowed columns of a task
+// placed at p (nil: a task of no run).
+func (p *RunPlace) Columns() (run, step, item any, windowed bool) {
+	if p == nil {
+		return nil, nil, nil, true
+	}
+	if p.Item != nil {
+		item = int64(*p.Item)
+	}
+	return p.RunID, p.StepID, item, !p.Waiting
+}
+
 // Inserted is the task Enqueue returns for nt, inserted at now with id in
 // state (flow.Counters.Enter), to run at runAt.
 func (nt *NewTask) Inserted(id int64, state sluice.TaskState, runAt, now int64) *sluice.Task {

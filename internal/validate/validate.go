@@ -141,6 +141,12 @@ func Trigger(p *sluice.TriggerParams) error {
 	return text("idempotency_key", p.IdempotencyKey, MaxIdempotencyKeyLen)
 }
 
+// IdempotencyKey checks an idempotency key (empty: none).
+func IdempotencyKey(s string) error { return text("idempotency_key", s, MaxIdempotencyKeyLen) }
+
+// ConcurrencyKey checks a concurrency key (empty: none).
+func ConcurrencyKey(s string) error { return text("concurrency_key", s, MaxConcurrencyKeyLen) }
+
 // MaxTriggerBatch bounds the tasks of one POST /v1/tasks/batch.
 const MaxTriggerBatch = 1000
 

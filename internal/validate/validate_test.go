@@ -107,7 +107,7 @@ func TestTaskFilter(t *testing.T) {
 	t.Parallel()
 	check(t, validate.TaskFilter(&sluice.TaskFilter{}), "", "")
 	check(t, validate.TaskFilter(&sluice.TaskFilter{State: sluice.StatePaused, Queue: "q", Kind: "k", Limit: 1000, After: "x"}), "", "")
-	check(t, validate.TaskFilter(&sluice.TaskFilter{State: "done"}), "state", `unknown state "done": want one of scheduled, queued`)
+	check(t, validate.TaskFilter(&sluice.TaskFilter{State: "done"}), "state", `unknown state "done": want one of waiting, scheduled, queued`)
 	check(t, validate.TaskFilter(&sluice.TaskFilter{Queue: "a b"}), "queue", "contains")
 	check(t, validate.TaskFilter(&sluice.TaskFilter{Kind: "a b"}), "kind", "contains")
 	check(t, validate.TaskFilter(&sluice.TaskFilter{Limit: -1}), "limit", "between 1 and 1000")

@@ -203,14 +203,18 @@ type Counters struct {
 	// Env is the environment row, read by the store.
 	Env *Env
 
-	readied int
-	sqs     map[int64]*Subqueue
-	byKey   map[[2]string]*Subqueue
-	queues  map[string]*Queue
+	readied, ended int
+	sqs            map[int64]*Subqueue
+	byKey          map[[2]string]*Subqueue
+	queues         map[string]*Queue
 }
 
 // Readied is how many tasks moved into ready (claimers to wake).
 func (c *Counters) Readied() int { return c.readied }
+
+// Ended is how many tasks moved into a final state: the transaction then
+// settles the ends of run tasks (their steps' windows and counters).
+func (c *Counters) Ended() int { return c.ended }
 
 // UseSubqueue returns the transaction's copy of a sub-queue just read,
 // holding it if it is the first. A held copy wins: it may hold changes
@@ -372,9 +376,7 @@ func (c *Counters) MoveN(sq *Subqueue, q *Queue, from, to sluice.TaskState, n in
 		q.active += e.Active * n
 		q.dirty = true
 	}
-	if to == sluice.StateReady {
-		c.readied += int(n)
-	}
+	c.count(to, n)
 	return rank, nil
 }
 
@@ -422,10 +424,18 @@ func (c *Counters) MoveSet(from, to sluice.TaskState, n int64) (Effect, error) {
 		c.Env.active += e.Active * n
 		c.Env.dirty = true
 	}
+	c.count(to, n)
+	return e, nil
+}
+
+// count records n tasks moved into to: readied, or ended.
+func (c *Counters) count(to sluice.TaskState, n int64) {
 	if to == sluice.StateReady {
 		c.readied += int(n)
 	}
-	return e, nil
+	if to.Terminal() {
+		c.ended += int(n)
+	}
 }
 
 // Uncounted checks that a move is allowed and changes no counter: for a

@@ -41,6 +41,16 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{New, sluice.StateReady}:     {Active: +1, Slot: +1},
 	{New, sluice.StateQueued}:    {Active: +1, Queued: +1},
 	{New, sluice.StatePaused}:    {Active: +1},
+	// A fan-out item beyond its step's window (windows.go).
+	{New, sluice.StateWaiting}: {Active: +1},
+
+	// Waiting (a fan-out item beyond its step's window; no slot, on no
+	// wait list): let into the window by the end of an item in it, or
+	// ended with its run (cancelled) or its dispatch deadline (failed).
+	{sluice.StateWaiting, sluice.StateQueued}:    {Queued: +1},
+	{sluice.StateWaiting, sluice.StatePaused}:    {},
+	{sluice.StateWaiting, sluice.StateCancelled}: {Active: -1},
+	{sluice.StateWaiting, sluice.StateFailed}:    {Active: -1},
 
 	// Scheduled: due (PromoteDue), cancelled, or past its dispatch
 	// deadline.
@@ -123,7 +133,7 @@ var table = func() (t [numStates][numStates]struct {
 }()
 
 // numStates is New and the states of sluice.AllStates.
-const numStates = 10
+const numStates = 11
 
 // stateIndex is a state's index in table, or -1.
 func stateIndex(s sluice.TaskState) int {
@@ -148,6 +158,8 @@ func stateIndex(s sluice.TaskState) int {
 		return 8
 	case sluice.StatePaused:
 		return 9
+	case sluice.StateWaiting:
+		return 10
 	}
 	return -1
 }

@@ -68,6 +68,12 @@ var allowed = map[[2]sluice.TaskState]string{
 	{sluice.StateReserved, sluice.StatePaused}:    "handover: release, queue paused",
 	{sluice.StateReserved, sluice.StateCancelled}: "CancelTask",
 
+	{flow.New, sluice.StateWaiting}:              "ApplyRun: a fan-out item beyond its window",
+	{sluice.StateWaiting, sluice.StateQueued}:    "an item in the window ended: the next enters",
+	{sluice.StateWaiting, sluice.StatePaused}:    "an item enters the window of a paused queue",
+	{sluice.StateWaiting, sluice.StateCancelled}: "its run ended",
+	{sluice.StateWaiting, sluice.StateFailed}:    "ExpireDeadlines",
+
 	{sluice.StatePaused, sluice.StateQueued}:    "SetQueuePaused (resume)",
 	{sluice.StatePaused, sluice.StateCancelled}: "CancelTask",
 	{sluice.StatePaused, sluice.StateFailed}:    "ExpireDeadlines",
@@ -154,10 +160,15 @@ func ExampleRows() {
 		fmt.Println(strings.TrimSpace(fmt.Sprintf("%-9s → %-9s %s", from, r.To, strings.Join(fx, ", "))))
 	}
 	// Output:
+	// (new)     → waiting   active +1
 	// (new)     → scheduled active +1
 	// (new)     → queued    queued +1, active +1
 	// (new)     → ready     slot +1, active +1
 	// (new)     → paused    active +1
+	// waiting   → queued    queued +1
+	// waiting   → failed    active -1
+	// waiting   → cancelled active -1
+	// waiting   → paused
 	// scheduled → queued    queued +1
 	// scheduled → failed    active -1
 	// scheduled → cancelled active -1
@@ -189,7 +200,7 @@ func ExampleRows() {
 
 // Every state has its place in the table.
 func TestStateIndex(t *testing.T) {
-	require.Len(t, sluice.AllStates, 9, "a new state needs its place in flow's table (stateIndex)")
+	require.Len(t, sluice.AllStates, 10, "a new state needs its place in flow's table (stateIndex)")
 	for _, s := range sluice.AllStates {
 		_, err := flow.Transition(s, s)
 		var te *flow.TransitionError

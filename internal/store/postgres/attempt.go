@@ -23,6 +23,7 @@ type runningTask struct {
 	startedAt            int64
 	cancelRequested      bool
 	timeoutUS            int64
+	run                  bool // a task of a workflow run (its end is settled, windows.go)
 	sq                   *flow.Subqueue
 	q                    *flow.Queue
 	// next is the chain of tasks reserved after this one (handover;
@@ -53,9 +54,10 @@ const chainSQL = `ARRAY(SELECT c.id FROM (
 // partial index tasks_reserved, so ending an attempt knows its successor
 // without a read of its own.
 func runningSelect(where string) string {
-	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue
+	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue,
+			t.step_id IS NOT NULL AS run
 		FROM tasks t WHERE ` + where + `)
-	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, ` +
+	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, ` +
 		sqCols + `, ` + qCols + `, ` + chainSQL + `
 	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
 }
@@ -63,7 +65,7 @@ func runningSelect(where string) string {
 func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
 	sq, q := &flow.Subqueue{}, &flow.Queue{}
-	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS}, sq.Dest()...)
+	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS, &r.run}, sq.Dest()...)
 	if err := rows.Scan(append(append(dest, q.Dest()...), &r.next)...); err != nil {
 		return nil, err
 	}
@@ -107,6 +109,9 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 		return err
 	}
 	if state.Terminal() {
+		if !r.run {
+			t.settledEnds++ // nothing to settle
+		}
 		var output []byte
 		if o.OK {
 			output = store.JSONOrNull(o.Output)

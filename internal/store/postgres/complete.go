@@ -17,7 +17,9 @@ import (
 // the tasks, their attempt records, and (joined) the sub-queue and queue
 // rows whose counters the transaction then releases: one row per
 // sub-queue, with the ids and attempts of the tasks that ended in it, so
-// each sub-queue and queue is joined once, not once per task.
+// each sub-queue and queue is joined once, not once per task, and how
+// many of them belong to no workflow run (their ends need no settle,
+// windows.go).
 //
 // The batch drives the search: each reported task is looked up by its
 // primary key (the OFFSET 0 fence keeps the checks on state, worker and
@@ -35,12 +37,13 @@ const completeSQL = `WITH r AS (SELECT * FROM unnest($2::bigint[], $3::int[], $4
 	done AS (
 		UPDATE tasks t SET state = 'succeeded', output = hit.output, error = '', finished_at = $1, worker_id = NULL, timeout_at = NULL
 		FROM hit WHERE t.id = hit.id
-		RETURNING t.id, t.attempt, t.sq, t.queue, t.started_at),
+		RETURNING t.id, t.attempt, t.sq, t.queue, t.started_at, t.step_id),
 	rec AS (
 		INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error)
 		SELECT id, attempt, $5, started_at, $1, 'succeeded', '' FROM done)
-	SELECT d.ids, d.attempts, ` + sqCols + `, ` + qCols + ` FROM (
-		SELECT sq, queue, array_agg(id) AS ids, array_agg(attempt) AS attempts FROM done GROUP BY sq, queue) d
+	SELECT d.ids, d.attempts, d.plain, ` + sqCols + `, ` + qCols + ` FROM (
+		SELECT sq, queue, array_agg(id) AS ids, array_agg(attempt) AS attempts, count(*) FILTER (WHERE step_id IS NULL) AS plain
+		FROM done GROUP BY sq, queue) d
 	JOIN subqueues s ON s.id = d.sq JOIN queues q ON q.name = d.queue`
 
 // Complete ends attempts reported by a worker; see store.Store. Successes
@@ -108,6 +111,11 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 				return err
 			}
 		}
+		// The ends of run tasks are counted in their steps before the
+		// refill, which promotes the items they let into a window.
+		if err := t.settle(); err != nil {
+			return err
+		}
 		o.Yielded = c.Spread && limit > 0 && w.found &&
 			store.Yields(w.slots-(w.held+len(done.started)-done.ended), otherFree, idleFree)
 		claim := w.found && limit > 0 && !o.Yielded
@@ -120,7 +128,7 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 		if err := t.refill(pre); err != nil {
 			return err
 		}
-		o.Readied = t.Readied()
+		o.Readied, o.RunEvents = t.Readied(), t.events
 		if !claim {
 			return nil
 		}
@@ -261,15 +269,17 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 		// One row per sub-queue with the tasks that ended in it.
 		var endedIDs []int64
 		var endedAttempts []int32
+		var plain int
 		t.queueQuery("complete", completeSQL, []any{at, ids, attempts, outputs, workerID}, func(rows pgx.Rows) error {
 			sq, q := &flow.Subqueue{}, &flow.Queue{}
-			if err := rows.Scan(append(append([]any{&endedIDs, &endedAttempts}, sq.Dest()...), q.Dest()...)...); err != nil {
+			if err := rows.Scan(append(append([]any{&endedIDs, &endedAttempts, &plain}, sq.Dest()...), q.Dest()...)...); err != nil {
 				return err
 			}
 			sq, q = t.UseSubqueue(sq), t.UseQueue(q)
 			if _, err := t.MoveN(sq, q, sluice.StateRunning, sluice.StateSucceeded, int64(len(endedIDs))); err != nil {
 				return err
 			}
+			t.settledEnds += plain
 			for j, id := range endedIDs {
 				i := okIdx[attemptKey{id, int(endedAttempts[j])}]
 				c.acks[i].Status = "ok"

@@ -189,5 +189,25 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0::bigint FROM subqueues s, env e
 			WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND (e.max_running = 0 OR e.running < e.max_running)`},
+		// Run steps (windows.go): their counters, their windows never
+		// exceeded, and no idle window while items wait.
+		{"step remaining", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.remaining AS have, coalesce(c.n, 0) AS n
+			FROM run_steps s LEFT JOIN (SELECT step_id, count(*) AS n FROM tasks
+				WHERE step_id IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled') GROUP BY step_id) c ON c.step_id = s.id) x
+			WHERE have != n`},
+		{"step waiting", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.waiting AS have, coalesce(c.n, 0) AS n
+			FROM run_steps s LEFT JOIN (SELECT step_id, count(*) AS n FROM tasks WHERE state = 'waiting' GROUP BY step_id) c ON c.step_id = s.id) x
+			WHERE have != n`},
+		{"step active", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.active AS have, coalesce(c.n, 0) AS n
+			FROM run_steps s LEFT JOIN (SELECT step_id, count(*) AS n FROM tasks
+				WHERE step_id IS NOT NULL AND windowed AND state NOT IN ('succeeded', 'failed', 'cancelled') GROUP BY step_id) c ON c.step_id = s.id) x
+			WHERE have != n`},
+		{"step over window", `SELECT 'step ' || s.id, s.active, s.win FROM run_steps s WHERE s.win IS NOT NULL AND s.active > s.win`},
+		{"idle window", `SELECT 'step ' || s.id, s.waiting, 0::bigint FROM run_steps s
+			WHERE s.state = 'running' AND s.waiting > 0 AND (s.win IS NULL OR s.active < s.win)`},
+		{"unsettled", `SELECT 'task ' || t.id, 0::bigint, 1::bigint FROM tasks t
+			WHERE t.step_id IS NOT NULL AND NOT t.settled AND t.state IN ('succeeded', 'failed', 'cancelled')`},
+		{"step of an ended run", `SELECT 'step ' || s.id, 1::bigint, 0::bigint FROM run_steps s JOIN runs r ON r.id = s.run_id
+			WHERE s.state = 'running' AND r.state IN ('succeeded', 'failed', 'cancelled')`},
 	})
 }

@@ -118,23 +118,24 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
 		return t.query("expiring deadlines", `WITH t AS MATERIALIZED (
-				SELECT id, state, dispatch_deadline_at - created_at AS dl, attempt, sq, queue FROM tasks
-				WHERE dispatch_deadline_at IS NOT NULL AND state IN ('scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= $1
+				SELECT id, state, dispatch_deadline_at - created_at AS dl, attempt, sq, queue, step_id IS NOT NULL AS run FROM tasks
+				WHERE dispatch_deadline_at IS NOT NULL AND state IN ('waiting', 'scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= $1
 				ORDER BY dispatch_deadline_at LIMIT $2)
-			SELECT t.id, t.state, t.dl, t.attempt, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`, []any{t.now, limit}, func(rows pgx.Rows) error {
+			SELECT t.id, t.state, t.dl, t.attempt, t.run, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`, []any{t.now, limit}, func(rows pgx.Rows) error {
 			var (
 				id, dl  int64
 				state   string
 				attempt int
+				run     bool
 			)
 			sq, q := &flow.Subqueue{}, &flow.Queue{}
-			if err := rows.Scan(append(append([]any{&id, &state, &dl, &attempt}, sq.Dest()...), q.Dest()...)...); err != nil {
+			if err := rows.Scan(append(append([]any{&id, &state, &dl, &attempt, &run}, sq.Dest()...), q.Dest()...)...); err != nil {
 				return err
 			}
 			st := sluice.TaskState(state)
 			q = t.UseQueue(q)
 			why := store.DeadlineReason(time.Duration(dl)*time.Microsecond, attempt, st, q.Name())
-			if err := t.cancelWaiting(id, st, t.UseSubqueue(sq), q, why); err != nil {
+			if err := t.cancelWaiting(id, st, run, t.UseSubqueue(sq), q, why); err != nil {
 				return err
 			}
 			n++

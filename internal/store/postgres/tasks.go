@@ -174,7 +174,9 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 
 // insert adds the fresh tasks with one statement, queued to go with the
 // refill. Each is ready at once if its sub-queue and the environment have
-// room and nothing waits ahead of it.
+// room and nothing waits ahead of it; a fan-out item beyond its step's
+// window (store.RunPlace) waits. results, if not nil, gets each task
+// inserted.
 func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.EnqueueResult) error {
 	if len(fresh) == 0 {
 		return nil
@@ -190,7 +192,17 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		paused, idems                = make([]*string, n), make([]*string, n)
 		deadlines                    = make([]*int64, n)
 		inputs                       = make([][]byte, n)
+		// A workflow run's tasks (ApplyRun): their run, step, item and
+		// window (store.RunPlace.Columns).
+		runs, steps, items []*int64
+		windowed           []bool
 	)
+	for _, i := range fresh {
+		if tasks[i].Run != nil {
+			runs, steps, items, windowed = make([]*int64, n), make([]*int64, n), make([]*int64, n), make([]bool, n)
+			break
+		}
+	}
 	for j, i := range fresh {
 		nt := &tasks[i]
 		q := t.HeldQueue(nt.Queue)
@@ -199,9 +211,29 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			return fmt.Errorf("inserting task: queue %q or its sub-queue %q missing", nt.Queue, nt.ConcurrencyKey)
 		}
 		runAt := nt.RunAtUS(t.now)
-		state, rank, err := t.Enter(sq, q, runAt > t.now)
+		var (
+			state sluice.TaskState
+			rank  int64
+			err   error
+		)
+		if nt.Run != nil && nt.Run.Waiting {
+			state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
+		} else {
+			state, rank, err = t.Enter(sq, q, runAt > t.now)
+		}
 		if err != nil {
 			return err
+		}
+		if runs != nil {
+			// As store.RunPlace.Columns: a task of no run is windowed.
+			windowed[j] = true
+			if p := nt.Run; p != nil {
+				runs[j], steps[j], windowed[j] = &p.RunID, &p.StepID, !p.Waiting
+				if p.Item != nil {
+					item := int64(*p.Item)
+					items[j] = &item
+				}
+			}
 		}
 		if nt.IdempotencyKey != "" {
 			idems[j] = &nt.IdempotencyKey
@@ -210,22 +242,45 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		sqs[j], timeouts[j], runAts[j], ranks[j] = sq.ID(), nt.Timeout.Microseconds(), runAt, rank
 		priorities[j], maxAttempts[j], deadlines[j] = nt.Priority, nt.MaxAttempts, nt.DeadlineUS(t.now)
 		paused[j], inputs[j] = flow.PausedFrom(state), store.JSONOrNull(nt.Input)
-		results[i] = store.EnqueueResult{Task: nt.Inserted(t.ids[j], state, runAt, t.now), Created: true}
+		if results != nil {
+			results[i] = store.EnqueueResult{Task: nt.Inserted(t.ids[j], state, runAt, t.now), Created: true}
+		}
 	}
-	t.exec("inserting tasks", `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+	args := []any{t.ids, kinds, queues, ckeys, sqs, priorities, states, paused, maxAttempts, inputs, timeouts, runAts, deadlines, idems, ranks, t.now}
+	if runs == nil {
+		t.exec("inserting tasks", insertSQL, args...)
+		return nil
+	}
+	t.exec("inserting tasks", insertRunSQL, append(args, runs, steps, items, windowed)...)
+	return nil
+}
+
+// insertSQL inserts tasks from arrays, one a column.
+const insertSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
 			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank)
 		SELECT id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
 			timeout_us, run_at, deadline, idem, $16, rank
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
 			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[])
-			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank)`,
-		t.ids, kinds, queues, ckeys, sqs, priorities, states, paused, maxAttempts, inputs, timeouts, runAts, deadlines, idems, ranks, t.now)
-	return nil
-}
+			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank)`
+
+// insertRunSQL is insertSQL for a batch holding tasks of workflow runs,
+// with their run, step, item and window columns (a separate statement, so
+// an Enqueue sends no arrays of NULLs for them).
+const insertRunSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed)
+		SELECT id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+			timeout_us, run_at, deadline, idem, $16, rank, run_id, step_id, item, windowed
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
+			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[],
+			$17::bigint[], $18::bigint[], $19::bigint[], $20::boolean[])
+			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank,
+				run_id, step_id, item, windowed)`
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
-	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id`
+	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 
@@ -293,9 +348,10 @@ func (s *Store) ListTasks(ctx context.Context, f sluice.TaskFilter, afterID int6
 func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.Outcome, error) {
 	o, err := s.write(ctx, func(t *txn) error {
 		var state string
+		var run bool
 		sq, q := &flow.Subqueue{}, &flow.Queue{}
-		found, err := t.queryRow("cancel", `SELECT t.state, `+sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq
-			JOIN queues q ON q.name = t.queue WHERE t.id = $1`, []any{id}, append(append([]any{&state}, sq.Dest()...), q.Dest()...)...)
+		found, err := t.queryRow("cancel", `SELECT t.state, t.step_id IS NOT NULL, `+sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq
+			JOIN queues q ON q.name = t.queue WHERE t.id = $1`, []any{id}, append(append([]any{&state, &run}, sq.Dest()...), q.Dest()...)...)
 		if err != nil {
 			return err
 		}
@@ -319,7 +375,7 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 				return err
 			}
 		}
-		if err := t.cancelWaiting(id, st, t.UseSubqueue(sq), t.UseQueue(q), "cancelled"); err != nil {
+		if err := t.cancelWaiting(id, st, run, t.UseSubqueue(sq), t.UseQueue(q), "cancelled"); err != nil {
 			return err
 		}
 		return t.unreserve(rest)
@@ -334,14 +390,18 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 // cancelWaiting ends a task that is not running (cancelled or, for a
 // missed dispatch deadline, failed) and frees what it held. Its write is
 // queued. A reserved task (handover) holds no slot and is not counted as
-// queued: it only leaves its worker.
-func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sq *flow.Subqueue, q *flow.Queue, reason string) error {
+// queued: it only leaves its worker. run says whether the task belongs to
+// a workflow run (its end is then settled, windows.go).
+func (t *txn) cancelWaiting(id int64, state sluice.TaskState, run bool, sq *flow.Subqueue, q *flow.Queue, reason string) error {
 	final, msg := sluice.StateCancelled, ""
 	if reason != "cancelled" {
 		final, msg = sluice.StateFailed, reason
 	}
 	if err := t.Move(sq, q, state, final); err != nil {
 		return err
+	}
+	if !run {
+		t.settledEnds++ // nothing to settle
 	}
 	t.exec("ending task", `UPDATE tasks SET state = $1, error = $2, finished_at = $3, paused_from = NULL, worker_id = NULL, after_id = NULL WHERE id = $4`,
 		string(final), msg, t.now, id)

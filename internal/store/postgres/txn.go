@@ -39,6 +39,13 @@ type txn struct {
 	// unreserved: reserved tasks this transaction returned to the wait
 	// list (handover), so a task found by two reads is moved once.
 	unreserved map[int64]bool
+	// steps are the run steps the transaction holds (windows.go); events
+	// counts the run events it wrote. settledEnds counts the ends
+	// (Counters.Ended) that need no settle: tasks of no run, as the
+	// statements that ended them said, and run tasks already settled.
+	steps       map[int64]*flow.Step
+	events      int
+	settledEnds int
 }
 
 // setGenericPlans makes a write transaction's statements use their
@@ -171,18 +178,23 @@ func (t *txn) send() error {
 	return t.conn.SendBatch(t.ctx, b).Close()
 }
 
-// write runs fn in a write transaction, then writes the counters and
-// refills freed slots before the commit.
+// write runs fn in a write transaction, then settles the ends of run
+// tasks (windows.go), writes the counters and refills freed slots before
+// the commit: items let into a window are promoted by the same refill.
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
 	err := s.run(ctx, nil, func(t *txn) error {
 		if err := fn(t); err != nil {
 			return err
 		}
+		if err := t.settle(); err != nil {
+			return err
+		}
 		if err := t.fill(); err != nil {
 			return err
 		}
 		o.Readied = t.Readied()
+		o.RunEvents = t.events
 		return nil
 	})
 	return o, err

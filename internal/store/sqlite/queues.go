@@ -187,5 +187,14 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0 FROM subqueues s, env e
 			WHERE s.queued > 0 AND s.paused = 0 AND (s.lim IS NULL OR s.running < s.lim) AND (e.max_running = 0 OR e.running < e.max_running)`},
+		// Run steps (windows.go): their counters, their windows never
+		// exceeded, and no idle window while items wait.
+		{"step remaining", `SELECT 'step ' || s.id, s.remaining, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM run_steps s WHERE s.remaining != n`},
+		{"step waiting", `SELECT 'step ' || s.id, s.waiting, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.state = 'waiting') AS n FROM run_steps s WHERE s.waiting != n`},
+		{"step active", `SELECT 'step ' || s.id, s.active, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.windowed = 1 AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM run_steps s WHERE s.active != n`},
+		{"step over window", `SELECT 'step ' || s.id, s.active, s.win FROM run_steps s WHERE s.win IS NOT NULL AND s.active > s.win`},
+		{"idle window", `SELECT 'step ' || s.id, s.waiting, 0 FROM run_steps s WHERE s.state = 'running' AND s.waiting > 0 AND (s.win IS NULL OR s.active < s.win)`},
+		{"unsettled", `SELECT 'task ' || t.id, 0, 1 FROM tasks t WHERE t.step_id IS NOT NULL AND t.settled = 0 AND t.state IN ('succeeded', 'failed', 'cancelled')`},
+		{"step of an ended run", `SELECT 'step ' || s.id, 1, 0 FROM run_steps s JOIN runs r ON r.id = s.run_id WHERE s.state = 'running' AND r.state IN ('succeeded', 'failed', 'cancelled')`},
 	})
 }

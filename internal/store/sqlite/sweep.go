@@ -158,7 +158,7 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
 		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt FROM tasks INDEXED BY tasks_deadline
-			WHERE dispatch_deadline_at IS NOT NULL AND state IN ('scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= ?
+			WHERE dispatch_deadline_at IS NOT NULL AND state IN ('waiting', 'scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= ?
 			ORDER BY dispatch_deadline_at LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("expiring deadlines: %w", err)

@@ -88,7 +88,15 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 		return nil, err
 	}
 	runAt := nt.RunAtUS(t.now)
-	state, rank, err := t.Enter(sq, q, runAt > t.now)
+	var (
+		state sluice.TaskState
+		rank  int64
+	)
+	if nt.Run != nil && nt.Run.Waiting {
+		state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
+	} else {
+		state, rank, err = t.Enter(sq, q, runAt > t.now)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -96,12 +104,13 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 	if nt.IdempotencyKey != "" {
 		idem = &nt.IdempotencyKey
 	}
+	run, step, item, windowed := nt.Run.Columns()
 	var id int64
 	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO tasks (kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
 		nt.Kind, nt.Queue, nt.ConcurrencyKey, sq.ID(), nt.Priority, state, flow.PausedFrom(state), nt.MaxAttempts, store.JSONOrNull(nt.Input),
-		nt.Timeout.Microseconds(), runAt, nt.DeadlineUS(t.now), idem, t.now, rank).Scan(&id)
+		nt.Timeout.Microseconds(), runAt, nt.DeadlineUS(t.now), idem, t.now, rank, run, step, item, windowed).Scan(&id)
 	if err != nil {
 		return nil, fmt.Errorf("inserting task: %w", err)
 	}
@@ -110,7 +119,8 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
-	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id`
+	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 

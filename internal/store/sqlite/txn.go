@@ -23,6 +23,10 @@ type txn struct {
 	now int64
 	flow.Counters
 	depth int // handover depth (Store.SetHandoverDepth)
+	// steps are the run steps the transaction holds (windows.go); events
+	// counts the run events it wrote.
+	steps  map[int64]*flow.Step
+	events int
 }
 
 // write runs fn in a write transaction, then writes the counters and
@@ -50,6 +54,14 @@ func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (st
 	if err := fn(t); err != nil {
 		return o, err
 	}
+	if t.Ended() > 0 {
+		if err := t.settle(); err != nil {
+			return o, err
+		}
+	}
+	if err := t.flushSteps(); err != nil {
+		return o, err
+	}
 	if err := t.flush(); err != nil {
 		return o, err
 	}
@@ -57,6 +69,7 @@ func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (st
 		return o, err
 	}
 	o.Readied = t.Readied()
+	o.RunEvents = t.events
 	return o, nil
 }
 

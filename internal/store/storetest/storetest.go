@@ -40,6 +40,8 @@ var areas = []tests{
 	retentionTests,
 	handoverTests,
 	handoverChainTests,
+	runTests,
+	scheduleTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would

@@ -1,0 +1,206 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/workflow/definition"
+	"github.com/sluice-dev/sluice/internal/workflow/orchestrate"
+)
+
+// orchestratorConfig configures the orchestrator.
+type orchestratorConfig struct {
+	// Poll is the longest the orchestrator sleeps between two passes, so
+	// events another server wrote and did not handle (it crashed) are
+	// seen. 1s.
+	Poll time.Duration
+	// Defaults for the tasks of steps.
+	Defaults orchestrate.Defaults
+}
+
+// orchestratorBatch is how many run events one read takes.
+const orchestratorBatch = 256
+
+// orchestrator moves workflow runs on: it reads the run events the store
+// writes (a run started, a step ended), decides what each run does next
+// (orchestrate.Decide) and applies the decision, which deletes the events
+// it answers, in one store transaction. It runs on every server: a
+// decision taken on a stale reading of a run is refused by the store
+// (store.ErrRunChanged) and taken again, so two servers handling the same
+// event do it once. It is woken by the transactions of this server that
+// wrote events, and polls for the rest.
+type orchestrator struct {
+	serviceBase
+	cfg    orchestratorConfig
+	deps   serviceDeps
+	defs   *definitions
+	after  func(context.Context, store.Outcome, *store.RunApply)
+	wakes  chan struct{}
+	passed testSignal // a pass ended
+}
+
+func newOrchestrator(deps serviceDeps, cfg orchestratorConfig, defs *definitions, after func(context.Context, store.Outcome, *store.RunApply)) *orchestrator {
+	return &orchestrator{serviceBase: serviceBase{name: "orchestrator", log: deps.log}, cfg: cfg, deps: deps, defs: defs,
+		after: after, wakes: make(chan struct{}, 1)}
+}
+
+// wake asks for a pass: a transaction wrote run events. It never blocks.
+func (o *orchestrator) wake() {
+	select {
+	case o.wakes <- struct{}{}:
+	default:
+	}
+}
+
+// Start handles pending events at once, then on each wake or poll.
+func (o *orchestrator) Start(ctx context.Context) error {
+	o.start(ctx, o.run)
+	return nil
+}
+
+func (o *orchestrator) run(stop, work context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop.Done():
+			return
+		case <-timer.C:
+		case <-o.wakes:
+		}
+		if err := o.runOnce(work); err != nil && work.Err() == nil {
+			o.log.Error("orchestrator failed", "err", err)
+		}
+		o.passed.signal()
+		timer.Reset(o.cfg.Poll)
+	}
+}
+
+// runOnce handles every pending run event.
+func (o *orchestrator) runOnce(ctx context.Context) error {
+	for {
+		evs, err := o.deps.st.RunEvents(ctx, orchestratorBatch)
+		if err != nil {
+			return err
+		}
+		var order []int64
+		byRun := map[int64][]int64{}
+		for _, e := range evs {
+			if byRun[e.RunID] == nil {
+				order = append(order, e.RunID)
+			}
+			byRun[e.RunID] = append(byRun[e.RunID], e.ID)
+		}
+		var errs []error
+		for _, id := range order {
+			if err := o.handle(ctx, id, byRun[id]); err != nil {
+				errs = append(errs, fmt.Errorf("run %d: %w", id, err))
+			}
+		}
+		if len(errs) > 0 {
+			return errors.Join(errs...)
+		}
+		if len(evs) < orchestratorBatch || o.stopRequested() {
+			return nil
+		}
+	}
+}
+
+// handle decides what run id does next and applies it with its events.
+func (o *orchestrator) handle(ctx context.Context, id int64, events []int64) error {
+	for range 10 {
+		run, err := o.deps.st.GetRun(ctx, id)
+		if errors.Is(err, sluice.ErrNotFound) {
+			return o.deps.st.DropRunEvents(ctx, events)
+		}
+		if err != nil {
+			return err
+		}
+		if run.State != sluice.RunRunning {
+			// Ended, or queued: nothing to decide.
+			return o.deps.st.DropRunEvents(ctx, events)
+		}
+		a := store.RunApply{RunID: id, Seq: run.Seq, Events: events}
+		w, err := o.defs.get(ctx, run.Workflow, run.Version)
+		if err != nil {
+			// A stored version always compiles; if it cannot be read
+			// the run cannot go on.
+			a.End = &store.RunEnd{State: sluice.RunFailed, Error: "definition: " + err.Error()}
+		} else {
+			d := orchestrate.Decide(w, run, o.cfg.Defaults)
+			a.Steps, a.End = d.Steps, d.End
+		}
+		out, err := o.deps.st.ApplyRun(ctx, a)
+		if errors.Is(err, store.ErrRunChanged) {
+			continue // decided on a stale reading: read again
+		}
+		if err != nil {
+			return err
+		}
+		o.after(ctx, out, &a)
+		return nil
+	}
+	return fmt.Errorf("run %d kept changing while deciding", id)
+}
+
+// definitions caches compiled workflow versions: a version never changes.
+type definitions struct {
+	st store.Store
+	mu sync.Mutex
+	m  map[defKey]*definition.Workflow
+}
+
+type defKey struct {
+	name    string
+	version int
+}
+
+// maxCachedDefinitions bounds the cache; when full it starts over.
+const maxCachedDefinitions = 1024
+
+func newDefinitions(st store.Store) *definitions {
+	return &definitions{st: st, m: map[defKey]*definition.Workflow{}}
+}
+
+// get returns a workflow version compiled (0: the latest).
+func (d *definitions) get(ctx context.Context, name string, version int) (*definition.Workflow, error) {
+	if version > 0 {
+		d.mu.Lock()
+		w := d.m[defKey{name, version}]
+		d.mu.Unlock()
+		if w != nil {
+			return w, nil
+		}
+	}
+	info, err := d.st.GetWorkflow(ctx, name, version)
+	if err != nil {
+		return nil, err
+	}
+	w, err := definition.FromJSON(info.Definition)
+	if err != nil {
+		return nil, fmt.Errorf("workflow %q version %d: %w", name, info.Version, err)
+	}
+	d.mu.Lock()
+	if len(d.m) >= maxCachedDefinitions {
+		clear(d.m)
+	}
+	d.m[defKey{name, info.Version}] = w
+	d.mu.Unlock()
+	return w, nil
+}
+
+// latest returns the latest version of a workflow, compiled, and its
+// number.
+func (d *definitions) latest(ctx context.Context, name string) (*definition.Workflow, int, error) {
+	info, err := d.st.GetWorkflow(ctx, name, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	w, err := d.get(ctx, name, info.Version)
+	return w, info.Version, err
+}

@@ -1,0 +1,411 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
+)
+
+// Runs: create (with admission and the workflow's own concurrency),
+// read, apply a decision of the workflow layer, cancel. Mirrors the
+// SQLite store's runs.go; the step counters and windows are in
+// windows.go.
+//
+// What differs from SQLite: writes serialise on the env lock, so a run's
+// row, its steps and its workflow's run_slots row read after it are the
+// truth until the commit, whichever replica writes; a decision bumps the
+// run's seq in the statement that checks it; a step's tasks go in with
+// the batched insert of Enqueue (one statement whatever their number);
+// and a run's unfinished tasks are ended by one set-based statement.
+
+// CreateRun inserts a run; see store.RunStore.
+func (s *Store) CreateRun(ctx context.Context, lim store.Limits, r store.NewRun) (*store.RunRecord, bool, store.Outcome, error) {
+	var (
+		id      int64
+		created bool
+	)
+	o, err := s.write(ctx, func(t *txn) error {
+		var err error
+		id, created, err = t.createRun(lim, r)
+		return err
+	})
+	if err != nil {
+		return nil, false, o, err
+	}
+	run, err := s.GetRun(ctx, id)
+	return run, created, o, err
+}
+
+// createRun inserts a run (or finds it by its idempotency key): running
+// with a start event, or queued behind its workflow's concurrency.
+func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created bool, err error) {
+	if r.IdempotencyKey != "" {
+		// Concurrent replicas are serialised by the env lock, so the
+		// lookup sees every committed key; runs_idempotency is the
+		// backstop.
+		found, err := t.queryRow("idempotency lookup", `SELECT id FROM runs WHERE idempotency_key = $1`, []any{r.IdempotencyKey}, &id)
+		if err != nil || found {
+			return id, false, err
+		}
+	}
+	if !t.Env.Admits(lim.MaxActive, 1) {
+		return 0, false, store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
+	}
+	state := sluice.RunRunning
+	if r.Limit > 0 {
+		// One statement takes a place under the limit if there is one:
+		// no row comes back when the key's runs fill it.
+		var active int64
+		found, err := t.queryRow("run concurrency", `INSERT INTO run_slots (workflow, ckey, active) VALUES ($1, $2, 1)
+			ON CONFLICT (workflow, ckey) DO UPDATE SET active = run_slots.active + 1 WHERE run_slots.active < $3 RETURNING active`,
+			[]any{r.Workflow, r.Key, r.Limit}, &active)
+		if err != nil {
+			return 0, false, err
+		}
+		if !found {
+			state = sluice.RunQueued
+		}
+	}
+	var idem *string
+	var started *int64
+	if r.IdempotencyKey != "" {
+		idem = &r.IdempotencyKey
+	}
+	if state == sluice.RunRunning {
+		started = &t.now
+	}
+	_, err = t.queryRow("inserting run", `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
+		[]any{r.Workflow, r.Version, string(state), []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started}, &id)
+	if err != nil {
+		return 0, false, err
+	}
+	if state == sluice.RunRunning {
+		t.runEvent(id, "start")
+	}
+	return id, true, nil
+}
+
+const (
+	runSQL      = `SELECT ` + store.RunCols + ` FROM runs WHERE id = $1`
+	runStepsSQL = `SELECT ` + store.StepCols + ` FROM run_steps WHERE run_id = $1 ORDER BY idx`
+)
+
+// GetRun returns a run with its steps.
+func (s *Store) GetRun(ctx context.Context, id int64) (*store.RunRecord, error) {
+	return store.ReadRun(ctx, s.reader(), runSQL, runStepsSQL, id)
+}
+
+// ListRuns returns up to f.Limit+1 runs newest first.
+func (s *Store) ListRuns(ctx context.Context, f sluice.RunFilter, afterID int64) ([]sluice.Run, error) {
+	q, args := store.ListRunsSQL(`SELECT `+store.RunCols+` FROM runs`, f, afterID, func(n int, _ string, _ any) (string, bool) {
+		return "$" + strconv.Itoa(n), true
+	})
+	recs, err := store.ReadRuns(ctx, s.reader(), q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing runs: %w", err)
+	}
+	out := make([]sluice.Run, len(recs))
+	for i := range recs {
+		out[i] = recs[i].Run
+	}
+	return out, nil
+}
+
+// RunTasks returns a run's task ids per step and their counts per state.
+func (s *Store) RunTasks(ctx context.Context, runID int64) (map[int64][]int64, map[int64]map[sluice.TaskState]int, error) {
+	return store.ReadRunTasks(ctx, s.reader(), `SELECT step_id, id, state FROM tasks
+		WHERE run_id = $1 ORDER BY step_id, item, id`, runID)
+}
+
+// RunEvents returns pending run events, oldest first.
+func (s *Store) RunEvents(ctx context.Context, limit int) ([]store.RunEvent, error) {
+	return store.ReadRunEvents(ctx, s.reader(), `SELECT id, run_id, kind FROM run_events ORDER BY id LIMIT $1`, limit)
+}
+
+// DropRunEvents deletes run events. One statement, without the env lock:
+// an event counts in no counter, and deleting one twice (an ApplyRun that
+// handled it at the same time) deletes it once.
+func (s *Store) DropRunEvents(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM run_events WHERE id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("deleting run events: %w", err)
+	}
+	return nil
+}
+
+// ApplyRun applies a decision of the workflow layer; see store.RunStore.
+func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		// The run's seq is counted and checked in one statement, after
+		// the env lock: of two replicas applying decisions for the run,
+		// the second reads the first's seq and gets ErrRunChanged (its
+		// transaction, the bump included, is rolled back). The row lock
+		// the UPDATE takes would serialise them even without the env
+		// lock.
+		var (
+			state string
+			seq   int64
+		)
+		found, err := t.queryRow("reading run", `UPDATE runs SET seq = seq + 1 WHERE id = $1 RETURNING state, seq - 1`, []any{a.RunID}, &state, &seq)
+		if err != nil {
+			return fmt.Errorf("run %d: %w", a.RunID, err)
+		}
+		if !found {
+			return sluice.NotFound("run %d not found", a.RunID)
+		}
+		if seq != a.Seq || sluice.RunState(state) != sluice.RunRunning {
+			return store.ErrRunChanged
+		}
+		if len(a.Events) > 0 {
+			t.exec("deleting run events", `DELETE FROM run_events WHERE id = ANY($1)`, a.Events)
+		}
+		if err := t.createSteps(a.RunID, a.Steps); err != nil {
+			return err
+		}
+		if a.End != nil {
+			return t.endRun(a.RunID, sluice.RunState(state), *a.End)
+		}
+		return nil
+	})
+}
+
+// createSteps inserts steps and their tasks: the first of a fan-out's
+// items up to its window enter the flow, the rest wait (windows.go). The
+// steps go in with one statement, in the round trip that creates the
+// tasks' queues and sub-queues and draws their ids (prepareInsert), and
+// the tasks with one more, queued to go with the refill: a fan-out of
+// any size takes the same round trips.
+func (t *txn) createSteps(runID int64, steps []store.NewStep) error {
+	if len(steps) == 0 {
+		return nil
+	}
+	n := len(steps)
+	var (
+		names, states, errs           = make([]string, n), make([]string, n), make([]string, n)
+		idxs, items                   = make([]int64, n), make([]int64, n)
+		actives, waitings, remainings = make([]int64, n), make([]int64, n), make([]int64, n)
+		wins, fins                    = make([]*int64, n), make([]*int64, n)
+		continues                     = make([]bool, n)
+		outputs                       = make([][]byte, n)
+		tasks                         []store.NewTask
+		fresh                         []int
+	)
+	for i := range steps {
+		ns := &steps[i]
+		if ns.State.Terminal() {
+			fins[i] = &t.now
+		}
+		wins[i] = ns.StepWindow()
+		active, waiting := flow.NewStepCounts(int64(len(ns.Tasks)), wins[i])
+		names[i], states[i], errs[i] = ns.Name, string(ns.State), ns.Error
+		idxs[i], items[i] = int64(ns.Index), int64(ns.Items)
+		actives[i], waitings[i], remainings[i] = active, waiting, int64(len(ns.Tasks))
+		continues[i] = ns.ContinueOnError
+		if ns.Output != nil {
+			outputs[i] = []byte(ns.Output)
+		}
+		for j, nt := range ns.Tasks {
+			// The step's id is set once the step is inserted.
+			nt.Run = &store.RunPlace{RunID: runID, Waiting: int64(j) >= active}
+			if ns.Items >= 0 {
+				item := j
+				nt.Run.Item = &item
+			}
+			fresh = append(fresh, len(tasks))
+			tasks = append(tasks, nt)
+		}
+	}
+	ids := make(map[string]int64, n)
+	t.queueQuery("creating steps", `INSERT INTO run_steps (run_id, name, idx, state, items, win, active, waiting, remaining,
+			continue_on_error, output, error, created_at, finished_at)
+		SELECT $1, name, idx, state, items, win, active, waiting, remaining, coe, output, error, $2, fin
+		FROM unnest($3::text[], $4::int[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[],
+			$11::boolean[], $12::bytea[], $13::text[], $14::bigint[])
+			AS v(name, idx, state, items, win, active, waiting, remaining, coe, output, error, fin)
+		RETURNING id, name`,
+		[]any{runID, t.now, names, idxs, states, items, wins, actives, waitings, remainings, continues, outputs, errs, fins},
+		func(rows pgx.Rows) error {
+			var id int64
+			var name string
+			if err := rows.Scan(&id, &name); err != nil {
+				return err
+			}
+			ids[name] = id
+			return nil
+		})
+	// The round trip: the steps, then the tasks' queues, sub-queues and
+	// ids.
+	if err := t.prepareInsert(tasks, fresh); err != nil {
+		return err
+	}
+	k := 0
+	for i := range steps {
+		id, ok := ids[steps[i].Name]
+		if !ok {
+			return fmt.Errorf("creating step %q: not inserted", steps[i].Name)
+		}
+		for range steps[i].Tasks {
+			tasks[k].Run.StepID = id
+			k++
+		}
+	}
+	if err := t.insert(tasks, fresh, nil); err != nil {
+		return fmt.Errorf("run %d: %w", runID, err)
+	}
+	return nil
+}
+
+// endRun ends a run: a run that did not succeed has its unfinished tasks
+// and steps ended; a run holding a place under its workflow's
+// concurrency gives it to the next queued run of its key.
+func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error {
+	if end.State != sluice.RunSucceeded {
+		if err := t.endRunTasks(runID); err != nil {
+			return err
+		}
+	}
+	var out []byte
+	if end.Output != nil {
+		out = []byte(end.Output)
+	}
+	var (
+		workflow, key string
+		limit         int
+		next          int64
+	)
+	t.queueQuery("ending run", `UPDATE runs SET state = $1, output = $2, error = $3, finished_at = $4 WHERE id = $5
+		RETURNING workflow, ckey, climit`, []any{string(end.State), out, end.Error, t.now, runID}, func(rows pgx.Rows) error {
+		return rows.Scan(&workflow, &key, &limit)
+	})
+	// The next queued run of its key, read in the same round trip (used
+	// only if the run held a place).
+	found, err := t.queryRow("run concurrency", `SELECT q.id FROM runs r, runs q
+		WHERE r.id = $1 AND q.workflow = r.workflow AND q.ckey = r.ckey AND q.state = 'queued' ORDER BY q.id LIMIT 1`, []any{runID}, &next)
+	if err != nil {
+		return err
+	}
+	if limit == 0 || from == sluice.RunQueued {
+		return nil
+	}
+	if !found {
+		t.exec("run concurrency", `UPDATE run_slots SET active = active - 1 WHERE workflow = $1 AND ckey = $2`, workflow, key)
+		return nil
+	}
+	// The place passes to the next run of the key: active is unchanged.
+	t.exec("starting run", `UPDATE runs SET state = 'running', started_at = $1 WHERE id = $2`, t.now, next)
+	t.runEvent(next, "start")
+	return nil
+}
+
+// endRunTasksSQL cancels the unfinished tasks of run $1 that are not
+// running, at $2, in one statement, and returns them grouped by step,
+// window, sub-queue, queue and the state each left, with those rows: for
+// the counters (flow.Counters.MoveN per group) and the steps
+// (flow.Step.End), and the ids of the reserved ones (handover), whose
+// successors go back to the wait list. The run's steps have all ended
+// (endRunTasks ends them first), so an end only counts in its step: the
+// tasks are marked settled here rather than updated a second time by
+// settle (every update of a task writes each of its indexes). The tasks
+// are read through tasks_run before the UPDATE (one snapshot: the states
+// they leave), which takes them by primary key (see claimSQL).
+const endRunTasksSQL = `WITH o AS MATERIALIZED (
+		SELECT id, state, sq, queue, step_id, windowed FROM tasks WHERE run_id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled', 'running')),
+	c AS (
+		UPDATE tasks t SET state = 'cancelled', error = '', finished_at = $2, paused_from = NULL, worker_id = NULL, after_id = NULL, settled = true
+		WHERE t.id = ANY(ARRAY(SELECT id FROM o)))
+	SELECT g.state, g.windowed, g.n, g.reserved, ` + stepCols + `, ` + sqCols + `, ` + qCols + ` FROM (
+		SELECT step_id, windowed, sq, queue, state, count(*) AS n, array_agg(id) FILTER (WHERE state = 'reserved') AS reserved
+		FROM o GROUP BY step_id, windowed, sq, queue, state) g
+	JOIN run_steps st ON st.id = g.step_id JOIN subqueues s ON s.id = g.sq JOIN queues q ON q.name = g.queue`
+
+// endRunTasks ends a run's unfinished steps (cancelled) and tasks: those
+// waiting end cancelled, counted in their steps, and running ones get
+// cancel requested. One round trip whatever their number, and one more
+// to return to the wait list the tasks reserved after any reserved task
+// of the run.
+func (t *txn) endRunTasks(runID int64) error {
+	t.queueQuery("steps of run", `SELECT `+stepCols+` FROM run_steps st WHERE st.run_id = $1 AND st.state = 'running'`, []any{runID},
+		func(rows pgx.Rows) error {
+			st := &flow.Step{}
+			if err := rows.Scan(st.Dest()...); err != nil {
+				return err
+			}
+			if st = t.useStep(st); st.State() == sluice.StepRunning {
+				st.SetState(sluice.StepCancelled)
+			}
+			return nil
+		})
+	t.exec("cancelling run tasks", `UPDATE tasks SET cancel_requested = true WHERE run_id = $1 AND state = 'running'`, runID)
+	var reserved []int64
+	err := t.query("ending run tasks", endRunTasksSQL, []any{runID, t.now}, func(rows pgx.Rows) error {
+		var (
+			from     string
+			windowed bool
+			n        int64
+			ids      []int64
+		)
+		st, sq, q := &flow.Step{}, &flow.Subqueue{}, &flow.Queue{}
+		if err := rows.Scan(append(append(append([]any{&from, &windowed, &n, &ids}, st.Dest()...), sq.Dest()...), q.Dest()...)...); err != nil {
+			return err
+		}
+		if _, err := t.MoveN(t.UseSubqueue(sq), t.UseQueue(q), sluice.TaskState(from), sluice.StateCancelled, n); err != nil {
+			return err
+		}
+		// Settled (see endRunTasksSQL): the step, ended, only counts.
+		st = t.useStep(st)
+		for range n {
+			if st.End(sluice.StateCancelled, windowed) != flow.StepGoesOn {
+				return fmt.Errorf("step %d of run %d is still running", st.ID(), runID)
+			}
+		}
+		t.settledEnds += int(n)
+		reserved = append(reserved, ids...)
+		return nil
+	})
+	if err != nil || len(reserved) == 0 {
+		return err
+	}
+	// The tasks reserved after those cancelled (not of the run: those
+	// are cancelled too) go back to the wait list.
+	var rest []reservedTask
+	t.queueReserved("ending run tasks", `r.after_id = ANY($1)`, []any{reserved}, &rest)
+	if err := t.send(); err != nil {
+		return err
+	}
+	return t.unreserve(rest)
+}
+
+// CancelRun cancels a run; see store.RunStore.
+func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
+		// A decision taken on the run before the cancel is refused (its
+		// seq moves on); a finished run's bump is rolled back with the
+		// conflict.
+		var state string
+		found, err := t.queryRow("reading run", `UPDATE runs SET seq = seq + 1 WHERE id = $1 RETURNING state`, []any{id}, &state)
+		if err != nil {
+			return fmt.Errorf("run %d: %w", id, err)
+		}
+		if !found {
+			return sluice.NotFound("run %d not found", id)
+		}
+		if st := sluice.RunState(state); st.Terminal() {
+			return sluice.Conflict("run %d already %s", id, st)
+		}
+		return t.endRun(id, sluice.RunState(state), store.RunEnd{State: sluice.RunCancelled, Error: "cancelled"})
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	run, err := s.GetRun(ctx, id)
+	return run, o, err
+}

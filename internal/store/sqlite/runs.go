@@ -1,0 +1,358 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
+)
+
+// Runs: create (with admission and the workflow's own concurrency),
+// read, apply a decision of the workflow layer, cancel. Mirrors the
+// PostgreSQL store's runs.go; the step counters and windows are in
+// windows.go.
+
+// CreateRun inserts a run; see store.RunStore.
+func (s *Store) CreateRun(ctx context.Context, lim store.Limits, r store.NewRun) (*store.RunRecord, bool, store.Outcome, error) {
+	var (
+		id      int64
+		created bool
+	)
+	o, err := s.write(ctx, func(t *txn) error {
+		var err error
+		id, created, err = t.createRun(lim, r)
+		return err
+	})
+	if err != nil {
+		return nil, false, o, err
+	}
+	run, err := s.getRun(ctx, s.w, id)
+	return run, created, o, err
+}
+
+// createRun inserts a run (or finds it by its idempotency key): running
+// with a start event, or queued behind its workflow's concurrency.
+func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created bool, err error) {
+	if r.IdempotencyKey != "" {
+		err := t.tx.QueryRowContext(t.ctx, `SELECT id FROM runs WHERE idempotency_key = ?`, r.IdempotencyKey).Scan(&id)
+		if err == nil {
+			return id, false, nil
+		}
+		if err != sql.ErrNoRows {
+			return 0, false, fmt.Errorf("idempotency lookup: %w", err)
+		}
+	}
+	if !t.Env.Admits(lim.MaxActive, 1) {
+		return 0, false, store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
+	}
+	state := sluice.RunRunning
+	if r.Limit > 0 {
+		var active int
+		err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_slots (workflow, ckey) VALUES (?, ?)
+			ON CONFLICT (workflow, ckey) DO UPDATE SET active = active RETURNING active`, r.Workflow, r.Key).Scan(&active)
+		if err != nil {
+			return 0, false, fmt.Errorf("run concurrency: %w", err)
+		}
+		if active >= r.Limit {
+			state = sluice.RunQueued
+		} else if _, err := t.exec(`UPDATE run_slots SET active = active + 1 WHERE workflow = ? AND ckey = ?`, r.Workflow, r.Key); err != nil {
+			return 0, false, fmt.Errorf("run concurrency: %w", err)
+		}
+	}
+	var idem, started any
+	if r.IdempotencyKey != "" {
+		idem = r.IdempotencyKey
+	}
+	if state == sluice.RunRunning {
+		started = t.now
+	}
+	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		r.Workflow, r.Version, state, []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started).Scan(&id)
+	if err != nil {
+		return 0, false, fmt.Errorf("inserting run: %w", err)
+	}
+	if state == sluice.RunRunning {
+		return id, true, t.runEvent(id, "start")
+	}
+	return id, true, nil
+}
+
+const (
+	runSQL      = `SELECT ` + store.RunCols + ` FROM runs WHERE id = ?`
+	runStepsSQL = `SELECT ` + store.StepCols + ` FROM run_steps WHERE run_id = ? ORDER BY idx`
+)
+
+func (s *Store) getRun(ctx context.Context, db *sql.DB, id int64) (*store.RunRecord, error) {
+	return store.ReadRun(ctx, reader{db}, runSQL, runStepsSQL, id)
+}
+
+// GetRun returns a run with its steps.
+func (s *Store) GetRun(ctx context.Context, id int64) (*store.RunRecord, error) {
+	return s.getRun(ctx, s.r, id)
+}
+
+// ListRuns returns up to f.Limit+1 runs newest first.
+func (s *Store) ListRuns(ctx context.Context, f sluice.RunFilter, afterID int64) ([]sluice.Run, error) {
+	q, args := store.ListRunsSQL(`SELECT `+store.RunCols+` FROM runs`, f, afterID, func(int, string, any) (string, bool) { return "?", true })
+	recs, err := store.ReadRuns(ctx, s.reader(), q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing runs: %w", err)
+	}
+	out := make([]sluice.Run, len(recs))
+	for i := range recs {
+		out[i] = recs[i].Run
+	}
+	return out, nil
+}
+
+// RunTasks returns a run's task ids per step and their counts per state.
+func (s *Store) RunTasks(ctx context.Context, runID int64) (map[int64][]int64, map[int64]map[sluice.TaskState]int, error) {
+	return store.ReadRunTasks(ctx, s.reader(), `SELECT step_id, id, state FROM tasks INDEXED BY tasks_run
+		WHERE run_id = ? ORDER BY step_id, item, id`, runID)
+}
+
+// RunEvents returns pending run events, oldest first.
+func (s *Store) RunEvents(ctx context.Context, limit int) ([]store.RunEvent, error) {
+	return store.ReadRunEvents(ctx, s.reader(), `SELECT id, run_id, kind FROM run_events ORDER BY id LIMIT ?`, limit)
+}
+
+// DropRunEvents deletes run events.
+func (s *Store) DropRunEvents(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return s.tx(ctx, func(tx *wtx) error {
+		return deleteEvents(ctx, tx, ids)
+	})
+}
+
+func deleteEvents(ctx context.Context, tx *wtx, ids []int64) error {
+	for len(ids) > 0 {
+		n := min(len(ids), 500)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM run_events WHERE id IN (?`+strings.Repeat(",?", n-1)+`)`, args...); err != nil {
+			return fmt.Errorf("deleting run events: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// ApplyRun applies a decision of the workflow layer; see store.RunStore.
+func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		var (
+			state sluice.RunState
+			seq   int64
+		)
+		err := t.tx.QueryRowContext(ctx, `SELECT state, seq FROM runs WHERE id = ?`, a.RunID).Scan(&state, &seq)
+		if err == sql.ErrNoRows {
+			return sluice.NotFound("run %d not found", a.RunID)
+		}
+		if err != nil {
+			return fmt.Errorf("reading run %d: %w", a.RunID, err)
+		}
+		if seq != a.Seq || state != sluice.RunRunning {
+			return store.ErrRunChanged
+		}
+		if err := deleteEvents(ctx, t.tx, a.Events); err != nil {
+			return err
+		}
+		for i := range a.Steps {
+			if err := t.createStep(a.RunID, &a.Steps[i]); err != nil {
+				return err
+			}
+		}
+		if _, err := t.exec(`UPDATE runs SET seq = seq + 1 WHERE id = ?`, a.RunID); err != nil {
+			return fmt.Errorf("run %d: %w", a.RunID, err)
+		}
+		if a.End != nil {
+			return t.endRun(a.RunID, state, *a.End)
+		}
+		return nil
+	})
+}
+
+// createStep inserts a step and its tasks: the first of a fan-out's
+// items up to its window enter the flow, the rest wait (windows.go).
+func (t *txn) createStep(runID int64, ns *store.NewStep) error {
+	var fin any
+	if ns.State.Terminal() {
+		fin = t.now
+	}
+	win := ns.StepWindow()
+	n := int64(len(ns.Tasks))
+	active, waiting := flow.NewStepCounts(n, win)
+	var out any
+	if ns.Output != nil {
+		out = []byte(ns.Output)
+	}
+	var stepID int64
+	err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_steps (run_id, name, idx, state, items, win, active, waiting, remaining,
+		continue_on_error, output, error, created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		runID, ns.Name, ns.Index, ns.State, ns.Items, win, active, waiting, n, ns.ContinueOnError, out, ns.Error, t.now, fin).Scan(&stepID)
+	if err != nil {
+		return fmt.Errorf("creating step %q: %w", ns.Name, err)
+	}
+	for i := range ns.Tasks {
+		nt := &ns.Tasks[i]
+		place := &store.RunPlace{RunID: runID, StepID: stepID, Waiting: int64(i) >= active}
+		if ns.Items >= 0 {
+			item := i
+			place.Item = &item
+		}
+		nt.Run = place
+		if _, err := t.insert(nt); err != nil {
+			return fmt.Errorf("step %q: %w", ns.Name, err)
+		}
+	}
+	return nil
+}
+
+// endRun ends a run: a run that did not succeed has its unfinished tasks
+// and steps ended; a run holding a place under its workflow's
+// concurrency gives it to the next queued run of its key.
+func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error {
+	if end.State != sluice.RunSucceeded {
+		if err := t.endRunTasks(runID); err != nil {
+			return err
+		}
+	}
+	var out any
+	if end.Output != nil {
+		out = []byte(end.Output)
+	}
+	var (
+		workflow, key string
+		limit         int
+	)
+	err := t.tx.QueryRowContext(t.ctx, `UPDATE runs SET state = ?, output = ?, error = ?, finished_at = ? WHERE id = ?
+		RETURNING workflow, ckey, climit`, end.State, out, end.Error, t.now, runID).Scan(&workflow, &key, &limit)
+	if err != nil {
+		return fmt.Errorf("ending run %d: %w", runID, err)
+	}
+	if limit == 0 || from == sluice.RunQueued {
+		return nil
+	}
+	var next int64
+	err = t.tx.QueryRowContext(t.ctx, `SELECT id FROM runs INDEXED BY runs_queued WHERE workflow = ? AND ckey = ? AND state = 'queued' ORDER BY id LIMIT 1`,
+		workflow, key).Scan(&next)
+	if err == sql.ErrNoRows {
+		_, err = t.exec(`UPDATE run_slots SET active = active - 1 WHERE workflow = ? AND ckey = ?`, workflow, key)
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("run concurrency: %w", err)
+	}
+	// The place passes to the next run of the key: active is unchanged.
+	if _, err := t.exec(`UPDATE runs SET state = 'running', started_at = ? WHERE id = ?`, t.now, next); err != nil {
+		return fmt.Errorf("starting run %d: %w", next, err)
+	}
+	return t.runEvent(next, "start")
+}
+
+// endRunTasks ends a run's unfinished steps (cancelled) and tasks: those
+// waiting end cancelled, running ones get cancel requested.
+func (t *txn) endRunTasks(runID int64) error {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id FROM run_steps WHERE run_id = ? AND state = 'running'`, runID)
+	if err != nil {
+		return fmt.Errorf("steps of run %d: %w", runID, err)
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		st, err := t.step(id)
+		if err != nil {
+			return err
+		}
+		st.SetState(sluice.StepCancelled)
+	}
+	type task struct {
+		id, sq int64
+		state  sluice.TaskState
+		queue  string
+	}
+	var tasks []task
+	rows, err = t.tx.QueryContext(t.ctx, `SELECT id, sq, state, queue FROM tasks INDEXED BY tasks_run
+		WHERE run_id = ? AND state NOT IN ('succeeded', 'failed', 'cancelled')`, runID)
+	if err != nil {
+		return fmt.Errorf("tasks of run %d: %w", runID, err)
+	}
+	for rows.Next() {
+		var x task
+		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue); err != nil {
+			rows.Close()
+			return err
+		}
+		tasks = append(tasks, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, x := range tasks {
+		switch x.state {
+		case sluice.StateRunning:
+			if _, err := t.exec(`UPDATE tasks SET cancel_requested = 1 WHERE id = ?`, x.id); err != nil {
+				return err
+			}
+		case sluice.StateReserved:
+			if err := t.cancelWaiting(x.id, x.state, x.sq, x.queue, "cancelled"); err != nil {
+				return err
+			}
+			if err := t.unreserveAfter(x.id); err != nil {
+				return err
+			}
+		default:
+			if err := t.cancelWaiting(x.id, x.state, x.sq, x.queue, "cancelled"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// CancelRun cancels a run; see store.RunStore.
+func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
+		var state sluice.RunState
+		err := t.tx.QueryRowContext(ctx, `SELECT state FROM runs WHERE id = ?`, id).Scan(&state)
+		if err == sql.ErrNoRows {
+			return sluice.NotFound("run %d not found", id)
+		}
+		if err != nil {
+			return fmt.Errorf("reading run %d: %w", id, err)
+		}
+		if state.Terminal() {
+			return sluice.Conflict("run %d already %s", id, state)
+		}
+		if _, err := t.exec(`UPDATE runs SET seq = seq + 1 WHERE id = ?`, id); err != nil {
+			return err
+		}
+		return t.endRun(id, state, store.RunEnd{State: sluice.RunCancelled, Error: "cancelled"})
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	run, err := s.getRun(ctx, s.w, id)
+	return run, o, err
+}

@@ -1,0 +1,69 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// Workflow definitions: versions of canonical JSON. Mirrors the
+// PostgreSQL store's workflows.go.
+
+// PutWorkflow stores a definition as the next version; see store.RunStore.
+func (s *Store) PutWorkflow(ctx context.Context, name string, def json.RawMessage, hash string) (int, bool, error) {
+	var (
+		version int
+		created bool
+	)
+	err := s.tx(ctx, func(tx *wtx) error {
+		var last int
+		var lastHash string
+		err := tx.QueryRowContext(ctx, `SELECT version, hash FROM workflows WHERE name = ? ORDER BY version DESC LIMIT 1`, name).Scan(&last, &lastHash)
+		if err != nil && err != sql.ErrNoRows {
+			return fmt.Errorf("reading workflow %q: %w", name, err)
+		}
+		if err == nil && lastHash == hash {
+			version = last
+			return nil
+		}
+		version, created = last+1, true
+		_, err = tx.ExecContext(ctx, `INSERT INTO workflows (name, version, hash, definition, created_at) VALUES (?, ?, ?, ?, ?)`,
+			name, version, hash, []byte(def), store.US(s.now()))
+		if err != nil {
+			return fmt.Errorf("storing workflow %q: %w", name, err)
+		}
+		return nil
+	})
+	return version, created, err
+}
+
+// GetWorkflow returns a version of a workflow (0: the latest).
+func (s *Store) GetWorkflow(ctx context.Context, name string, version int) (*sluice.WorkflowInfo, error) {
+	q := `SELECT name, version, definition, created_at FROM workflows WHERE name = ? AND version = ?`
+	args := []any{name, version}
+	if version == 0 {
+		q, args = `SELECT name, version, definition, created_at FROM workflows WHERE name = ? ORDER BY version DESC LIMIT 1`, []any{name}
+	}
+	list, err := store.ReadWorkflows(ctx, s.reader(), q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading workflow %q: %w", name, err)
+	}
+	if len(list) == 0 {
+		return nil, store.WorkflowNotFound(name, version)
+	}
+	return &list[0], nil
+}
+
+// ListWorkflows returns the latest version of every workflow.
+func (s *Store) ListWorkflows(ctx context.Context) ([]sluice.WorkflowInfo, error) {
+	list, err := store.ReadWorkflows(ctx, s.reader(), `SELECT w.name, w.version, NULL, w.created_at FROM workflows w
+		WHERE w.version = (SELECT max(version) FROM workflows v WHERE v.name = w.name) ORDER BY w.name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing workflows: %w", err)
+	}
+	return list, nil
+}
