@@ -44,6 +44,8 @@ type benchFlags struct {
 	out, output, dir, cpuprofile, db                string
 	compareWith                                     string
 	dropIndexes                                     []string
+	wfShapes                                        []string
+	wfBlocked                                       []int
 }
 
 func (a *app) newBenchCmd() *cobra.Command {
@@ -65,8 +67,13 @@ or with --db postgres://… a new schema of that database, dropped afterwards.
      each --blocked count of tasks waits behind a full concurrency key
   e  a queue limited to --slow-limit running --slow-tasks tasks that each
      sleep --slow-sleep, as % of the ideal (tasks × sleep / limit)
+  f  workflow fan-out, only when named (--only a,f): runs of one step over
+     no-op items under a window (--wf-shapes RUNSxITEMS/WINDOW), items/s as a
+     ratio of (a) (a short (a) runs first without it) and the refill latency
+     (an item's end → the next item's start); --wf-blocked adds claim latency
+     of another queue while that many items wait behind windows
 
-The worker of (a), (b) and (e) is a sluice worker process over HTTP;
+The worker of (a), (b), (e) and (f) is a sluice worker process over HTTP;
 --in-process runs it in this process over HTTP, and --embedded in this
 process on the engine itself, without HTTP, as a Go program that embeds
 sluice (and River, a library) runs its workers.
@@ -78,7 +85,8 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 		Example: `  sluice bench --quick
   sluice bench --out docs/benchmarks.md
   sluice bench --only a,b --tasks 50000 --claim-batch 500
-  sluice bench --only d --blocked 10000,1000000 -o json`,
+  sluice bench --only d --blocked 10000,1000000 -o json
+  sluice bench --only a,f --tasks 20000 --wf-blocked 10000,1000000`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(cmd.Flags())
@@ -159,7 +167,9 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.IntVar(&f.handoverDepth, "handover-depth", 0, "the server's --handover-depth (1 or 2; 0: its default, 2)")
 	fs.DurationVar(&f.resultLinger, "result-linger", bench.DefaultResultLinger, "the worker's --result-linger (0 = off, at most 1s)")
 	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
-	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e")
+	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e,f (f only when named)")
+	fs.StringSliceVar(&f.wfShapes, "wf-shapes", workflowShapeStrings(bench.DefaultWorkflowShapes), "workloads of (f), each RUNSxITEMS/WINDOW: runs of one step fanning out over ITEMS no-op items, at most WINDOW at once")
+	fs.IntSliceVar(&f.wfBlocked, "wf-blocked", nil, "(f): also time claims (as d) while each of these numbers of items waits behind workflow windows, e.g. 10000,1000000")
 	fs.BoolVar(&f.quick, "quick", false, "CI-sized defaults: --tasks 20000 --duration 5s --blocked 10000,100000 --claims 1000 (flags given win)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run the worker in this process (over HTTP) instead of as a sluice worker process")
 	fs.BoolVar(&f.embedded, "embedded", false, "run the worker in this process on the engine itself (no HTTP), as a Go program embedding sluice does: the like-for-like set-up against River")
@@ -212,13 +222,22 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 			only = append(only, s)
 		}
 	}
+	var shapes []bench.WorkflowShape
+	for _, v := range f.wfShapes {
+		s, err := bench.ParseWorkflowShape(v)
+		if err != nil {
+			return bench.Config{}, usagef("--wf-shapes: %v", err)
+		}
+		shapes = append(shapes, s)
+	}
 	cfg := bench.Config{
 		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
 		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth,
 		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
-		ResultLinger: resultLingerConfig(f.resultLinger),
+		ResultLinger:   resultLingerConfig(f.resultLinger),
+		WorkflowShapes: shapes, WorkflowBlocked: f.wfBlocked,
 	}
 	// Zero would mean "default" to bench.Config: reject it here.
 	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "workers": f.workers, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
@@ -235,7 +254,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		return bench.Config{}, usagef("--duration, --timeout and --slow-sleep: must be > 0")
 	}
 	if len(only) == 0 {
-		return bench.Config{}, usagef("--only: name at least one of a,b,c,d,e")
+		return bench.Config{}, usagef("--only: name at least one of a,b,c,d,e,f")
 	}
 	// bench.Config.Validate names the bad field as its flag, without dashes.
 	if err := cfg.WithDefaults().Validate(); err != nil {
@@ -292,4 +311,13 @@ func profileUntilSIGUSR1(path string) {
 		f.Close()
 		_ = os.WriteFile(path+".done", nil, 0o644)
 	}()
+}
+
+// workflowShapeStrings writes shapes as --wf-shapes takes them.
+func workflowShapeStrings(shapes []bench.WorkflowShape) []string {
+	out := make([]string, len(shapes))
+	for i, s := range shapes {
+		out[i] = s.String()
+	}
+	return out
 }

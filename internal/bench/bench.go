@@ -31,10 +31,17 @@ const (
 	ScenarioLatency = "c" // (c) pick-up latency at a steady rate
 	ScenarioClaim   = "d" // (d) claim latency behind a blocked backlog
 	ScenarioSlow    = "e" // (e) a limited queue of slow tasks against the ideal
+	// (f) workflow fan-out: items/s as a ratio of (a), refill latency.
+	// Only when named (--only a,f): not in AllScenarios.
+	ScenarioWorkflow = "f"
 )
 
-// AllScenarios lists the scenarios in the order Run runs them.
+// AllScenarios lists the scenarios in the order Run runs them when
+// Config.Only is empty.
 var AllScenarios = []string{ScenarioNoop, ScenarioLimited, ScenarioLatency, ScenarioClaim, ScenarioSlow}
+
+// KnownScenarios are the names Config.Only takes: AllScenarios and (f).
+var KnownScenarios = append(slices.Clone(AllScenarios), ScenarioWorkflow)
 
 // Config configures a run. Zero fields take the documented defaults.
 type Config struct {
@@ -92,7 +99,13 @@ type Config struct {
 	// one SQL statement. BulkAuto (the zero value) uses SQL above 100000
 	// tasks.
 	Bulk BulkMode
-	// Only restricts the run to these scenarios. Empty means all.
+	// WorkflowShapes are the workloads of (f) (RUNSxITEMS/WINDOW).
+	// Default DefaultWorkflowShapes.
+	WorkflowShapes []WorkflowShape
+	// WorkflowBlocked lists the numbers of items waiting behind windows
+	// while (f) times claims of another queue, as (d); empty: none.
+	WorkflowBlocked []int
+	// Only restricts the run to these scenarios. Empty means all but (f).
 	Only []string
 	// DB is the database to measure on: empty for SQLite (a fresh file
 	// per scenario in Dir), or a PostgreSQL URL (postgres://…), on which
@@ -200,6 +213,9 @@ func (c Config) WithDefaults() Config {
 	if len(c.Blocked) == 0 {
 		c.Blocked = slices.Clone(DefaultBlocked)
 	}
+	if len(c.WorkflowShapes) == 0 {
+		c.WorkflowShapes = slices.Clone(DefaultWorkflowShapes)
+	}
 	if len(c.Only) == 0 {
 		c.Only = slices.Clone(AllScenarios)
 	}
@@ -266,9 +282,19 @@ func (c Config) Validate() error {
 			return fmt.Errorf("blocked: sizes must be ≥ 1, got %d", n)
 		}
 	}
+	for _, s := range c.WorkflowShapes {
+		if err := s.validate(); err != nil {
+			return fmt.Errorf("wf-shapes: %w", err)
+		}
+	}
+	for _, n := range c.WorkflowBlocked {
+		if n < 1 {
+			return fmt.Errorf("wf-blocked: sizes must be ≥ 1, got %d", n)
+		}
+	}
 	for _, s := range c.Only {
-		if !slices.Contains(AllScenarios, s) {
-			return fmt.Errorf("only: unknown scenario %q (want a comma-separated subset of %s)", s, strings.Join(AllScenarios, ","))
+		if !slices.Contains(KnownScenarios, s) {
+			return fmt.Errorf("only: unknown scenario %q (want a comma-separated subset of %s)", s, strings.Join(KnownScenarios, ","))
 		}
 	}
 	return nil
@@ -303,6 +329,7 @@ type Results struct {
 	Latency    *LatencyResult      `json:"latency,omitempty"`
 	Claim      []*ClaimResult      `json:"claim,omitempty"`
 	Slow       *SlowResult         `json:"slow,omitempty"`
+	Workflow   *WorkflowResults    `json:"workflow,omitempty"`
 	// ClaimP50Ratio and ClaimP99Ratio compare the largest backlog of (d)
 	// to the smallest (1 = flat).
 	ClaimP50Ratio float64 `json:"claim_p50_ratio,omitempty"`
@@ -379,6 +406,17 @@ func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 		res.Slow = r
 		if err != nil {
 			return res, fmt.Errorf("(e) limited queue of slow tasks: %w", err)
+		}
+	}
+	if want(ScenarioWorkflow) {
+		var rate float64
+		if noop != nil {
+			rate = noop.TasksPerSec
+		}
+		r, err := RunWorkflows(ctx, cfg, rate)
+		res.Workflow = r
+		if err != nil {
+			return res, fmt.Errorf("(f) workflow fan-out: %w", err)
 		}
 	}
 	return res, nil

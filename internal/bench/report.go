@@ -161,6 +161,9 @@ func (r *Results) Markdown(command string) string {
 			thousands(float64(sl.Tasks)), sl.SleepMS, sl.Limit, sl.handoverText(), sl.Seconds, sl.IdealSeconds, sl.PercentOfIdeal, sl.MaxConcurrent, sl.SleptMS, sl.PercentBusy,
 			TargetPercentOfIdeal, met(sl.PercentOfIdeal >= TargetPercentOfIdeal && sl.MaxConcurrent <= sl.Limit))
 	}
+	if r.Workflow != nil {
+		r.Workflow.markdownRows(p)
+	}
 
 	if len(r.Throughput) > 0 {
 		p("\nThroughput details (times as the server recorded them):\n\n")
@@ -185,6 +188,9 @@ func (r *Results) Markdown(command string) string {
 			p("| %s | %.2f s by %s (%s/s) | %d × %d | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms |\n", thousands(float64(c.Blocked)),
 				c.InsertSeconds, c.InsertMethod, thousands(c.InsertPerSec), c.Claims, c.Max, c.P50, c.P99, c.Mean, c.CompleteP50, c.CompleteP99)
 		}
+	}
+	if r.Workflow != nil {
+		r.Workflow.markdownDetails(p)
 	}
 	if r.Peer != nil && len(r.Comparison) > 0 {
 		p("\n%s", CompareMarkdown(r.Peer, r.Comparison))
