@@ -26,6 +26,9 @@ type orchestratorConfig struct {
 // orchestratorBatch is how many run events one read takes.
 const orchestratorBatch = 256
 
+// orchestratorParallel is how many runs one pass decides at once.
+const orchestratorParallel = 8
+
 // orchestrator moves workflow runs on: it reads the run events the store
 // writes (a run started, a step ended), decides what each run does next
 // (orchestrate.Decide) and applies the decision, which deletes the events
@@ -96,14 +99,25 @@ func (o *orchestrator) runOnce(ctx context.Context) error {
 			}
 			byRun[e.RunID] = append(byRun[e.RunID], e.ID)
 		}
-		var errs []error
-		for _, id := range order {
-			if err := o.handle(ctx, id, byRun[id]); err != nil {
-				errs = append(errs, fmt.Errorf("run %d: %w", id, err))
-			}
+		// Runs are decided in parallel: each decision is a read, a
+		// render and a transaction of its own, and on PostgreSQL one at
+		// a time left the workers idle behind them (bench (f)).
+		errs := make([]error, len(order))
+		sem := make(chan struct{}, orchestratorParallel)
+		var wg sync.WaitGroup
+		for i, id := range order {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				if err := o.handle(ctx, id, byRun[id]); err != nil {
+					errs[i] = fmt.Errorf("run %d: %w", id, err)
+				}
+			}()
 		}
-		if len(errs) > 0 {
-			return errors.Join(errs...)
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
 		}
 		if len(evs) < orchestratorBatch || o.stopRequested() {
 			return nil
