@@ -28,6 +28,7 @@ var runTests = tests{
 	"RunAdmission":           testRunAdmission,
 	"RunWaitingItemDeadline": testRunWaitingItemDeadline,
 	"RunListAndTasks":        testRunListAndTasks,
+	"RunDropEvents":          testRunDropEvents,
 }
 
 // run creates a running run of workflow "wf" and consumes its start
@@ -486,4 +487,22 @@ func testRunCancelAllRunning(t *testing.T, ns NewStore) {
 	require.Zero(t, s.Remaining)
 	require.Equal(t, 1, s.Failed)
 	h.counters()
+}
+
+// DropRunEvents deletes the events named, and no others.
+func testRunDropEvents(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	r1 := h.run(store.NewRun{})
+	r2 := h.run(store.NewRun{})
+	e1, e2 := h.events(r1.ID), h.events(r2.ID)
+	require.Len(t, e1, 1)
+	require.Len(t, e2, 1)
+	require.NoError(t, h.st.DropRunEvents(h.ctx, []int64{e1[0].ID, 999999}))
+	require.Empty(t, h.events(r1.ID))
+	require.Len(t, h.events(r2.ID), 1)
+	require.NoError(t, h.st.DropRunEvents(h.ctx, nil))
+	all, err := h.st.RunEvents(h.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, all, 1, "limit")
+	require.Equal(t, e2[0], all[0])
 }
