@@ -57,6 +57,17 @@ type Workflows interface {
 	ListRuns(ctx context.Context, f RunFilter) (*RunPage, error)
 	// CancelRun cancels a run that has not ended.
 	CancelRun(ctx context.Context, id int64) (*Run, error)
+	// PauseRun pauses a run: nothing of it starts (its waiting tasks
+	// become paused), its running tasks run to completion, and what their
+	// ends would start waits paused. ResumeRun returns every paused task
+	// to where it was. Both are harmless when repeated.
+	PauseRun(ctx context.Context, id int64) (*Run, error)
+	ResumeRun(ctx context.Context, id int64) (*Run, error)
+	// PauseWorkflow keeps the workflow's new runs queued until
+	// ResumeWorkflow; with runs, its active runs are paused (resumed)
+	// too.
+	PauseWorkflow(ctx context.Context, name string, runs bool) (*WorkflowInfo, error)
+	ResumeWorkflow(ctx context.Context, name string, runs bool) (*WorkflowInfo, error)
 
 	// ListSchedules returns the cron schedules of every workflow.
 	ListSchedules(ctx context.Context) ([]Schedule, error)

@@ -190,3 +190,45 @@ func (c *Client) scheduleCall(ctx context.Context, id int64, suffix string) (*Sc
 	}
 	return &s, nil
 }
+
+// PauseRun pauses a run (POST /v1/runs/{id}/pause).
+func (c *Client) PauseRun(ctx context.Context, id int64) (*Run, error) {
+	return c.runCall(ctx, id, "/pause")
+}
+
+// ResumeRun resumes a paused run (POST /v1/runs/{id}/resume).
+func (c *Client) ResumeRun(ctx context.Context, id int64) (*Run, error) {
+	return c.runCall(ctx, id, "/resume")
+}
+
+func (c *Client) runCall(ctx context.Context, id int64, suffix string) (*Run, error) {
+	var r Run
+	if _, err := c.do(ctx, http.MethodPost, "/v1/runs/"+strconv.FormatInt(id, 10)+suffix, nil, nil, &r, 0); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// PauseWorkflow pauses a workflow (POST /v1/workflows/{name}/pause); with
+// runs, its active runs too.
+func (c *Client) PauseWorkflow(ctx context.Context, name string, runs bool) (*WorkflowInfo, error) {
+	return c.workflowCall(ctx, name, "/pause", runs)
+}
+
+// ResumeWorkflow resumes a workflow (POST /v1/workflows/{name}/resume);
+// with runs, its paused runs too.
+func (c *Client) ResumeWorkflow(ctx context.Context, name string, runs bool) (*WorkflowInfo, error) {
+	return c.workflowCall(ctx, name, "/resume", runs)
+}
+
+func (c *Client) workflowCall(ctx context.Context, name, suffix string, runs bool) (*WorkflowInfo, error) {
+	var q url.Values
+	if runs {
+		q = url.Values{"runs": {"true"}}
+	}
+	var w WorkflowInfo
+	if _, err := c.do(ctx, http.MethodPost, "/v1/workflows/"+url.PathEscape(name)+suffix, q, nil, &w, 0); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}

@@ -71,6 +71,8 @@ type WorkflowInfo struct {
 	// Definition is the definition as stored: canonical JSON.
 	Definition json.RawMessage `json:"definition,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
+	// Paused: the workflow's new runs wait queued until it is resumed.
+	Paused bool `json:"paused"`
 }
 
 // ApplyResult answers POST /v1/workflows: the version the definition has;

@@ -204,7 +204,47 @@ creation time and definition.`,
 		},
 	}
 	get.Flags().IntVar(&version, "version", 0, "version to print (default: the latest)")
-	cmd.AddCommand(list, get)
+	var runs bool
+	setPaused := func(paused bool) *cobra.Command {
+		use, short, long := "pause NAME", "Pause a workflow: its new runs wait queued", `Pause a workflow. Its new runs are accepted and wait queued until it is
+resumed. With --runs, its queued and running runs are paused too (as
+"sluice runs pause").`
+		if !paused {
+			use, short, long = "resume NAME", "Resume a workflow: its queued runs start", `Resume a workflow: its queued runs start, oldest first, as its
+concurrency allows. With --runs, its paused runs are resumed too.`
+		}
+		cmd := &cobra.Command{
+			Use: use, Short: short, Long: long,
+			Example: "  sluice workflows " + strings.Fields(use)[0] + " ingest --runs",
+			Args:    exactArgs("NAME"),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				b, err := c.backend()
+				if err != nil {
+					return err
+				}
+				call := b.ResumeWorkflow
+				if paused {
+					call = b.PauseWorkflow
+				}
+				w, err := call(cmd.Context(), args[0], runs)
+				if err != nil {
+					return err
+				}
+				if c.json() {
+					return a.printJSON(w)
+				}
+				state := "resumed"
+				if w.Paused {
+					state = "paused"
+				}
+				fmt.Fprintf(a.stdout, "workflow %s %s\n", w.Name, state)
+				return nil
+			},
+		}
+		cmd.Flags().BoolVar(&runs, "runs", false, "also pause (resume) the workflow's active runs")
+		return cmd
+	}
+	cmd.AddCommand(list, get, setPaused(true), setPaused(false))
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -65,8 +66,8 @@ func (a *app) newRunsCmd() *cobra.Command {
 	}
 
 	cmd := listCmd("runs")
-	cmd.Short = "List, inspect and cancel workflow runs"
-	cmd.Long = `List, inspect and cancel workflow runs. Without a subcommand, lists runs
+	cmd.Short = "List, inspect, cancel, pause and resume workflow runs"
+	cmd.Long = `List, inspect, cancel, pause and resume workflow runs. Without a subcommand, lists runs
 (like "sluice runs list"). "sluice tasks --run ID" lists the tasks of a run.`
 	addClientFlags(cmd.PersistentFlags(), &c)
 
@@ -103,8 +104,8 @@ step's tasks (the first few and their number when there are many).`,
 		Short: "Cancel a run: its waiting tasks are cancelled, running ones asked to stop",
 		Long: `Cancel a run that has not ended. Its tasks that have not started are
 cancelled and release their slots, its running tasks have their worker's
-context cancelled, its child runs are cancelled too, and nothing of it
-starts afterwards. Prints the run's new state.`,
+context cancelled, and nothing of it starts afterwards. Prints the
+run's new state.`,
 		Example: `  sluice runs cancel 12`,
 		Args:    exactArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -127,7 +128,52 @@ starts afterwards. Prints the run's new state.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(list, get, cancel)
+	setPaused := func(use, short, long, example string, call func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error)) *cobra.Command {
+		return &cobra.Command{
+			Use: use, Short: short, Long: long, Example: example,
+			Args: exactArgs("ID"),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				id, err := parseRunID(args[0])
+				if err != nil {
+					return err
+				}
+				b, err := c.backend()
+				if err != nil {
+					return err
+				}
+				r, err := call(b, cmd.Context(), id)
+				if err != nil {
+					return err
+				}
+				if c.json() {
+					return a.printJSON(r)
+				}
+				fmt.Fprintf(a.stdout, "run %d %s\n", r.ID, r.State)
+				if r.Explain != "" {
+					fmt.Fprintf(a.stdout, "  %s\n", r.Explain)
+				}
+				return nil
+			},
+		}
+	}
+	pause := setPaused("pause ID", "Pause a run: nothing of it starts; running tasks finish",
+		`Pause a run. Nothing of it starts until it is resumed: its tasks that
+wait become paused and remember where they were (a ready task gives its
+slot back). Its running tasks run to completion and their results are
+kept; what their ends would start waits paused. Pausing twice changes
+nothing.`,
+		`  sluice runs pause 12`,
+		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) { return b.PauseRun(ctx, id) })
+	resume := setPaused("resume ID", "Resume a paused run: its tasks return to where they were",
+		`Resume a paused run. Each paused task returns to the state it left (a
+task backing off to scheduled, the others to the wait list, taking slots
+as the limits allow), and what became runnable starts. Resuming twice
+changes nothing.`,
+		`  sluice runs resume 12`,
+		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) {
+			return b.ResumeRun(ctx, id)
+		})
+	cmd.AddCommand(list, get, cancel, pause, resume)
 	return cmd
 }
 

@@ -229,6 +229,39 @@ func TestCLIWorkflows(t *testing.T) {
 		r := cliJSON[sluice.Run](t, env, "runs", "get", sid)
 		return len(r.Steps) == 1 && len(r.Steps[0].Tasks) == 1
 	})
+	// pause and resume, each twice (harmless).
+	for range 2 {
+		stdout, stderr, code = cli(t, env, "runs", "pause", sid)
+		if code != 0 || !strings.HasPrefix(stdout, "run "+sid+" paused\n") || !strings.Contains(stdout, "nothing of it starts") {
+			t.Fatalf("runs pause: exit %d\n%s%s", code, stdout, stderr)
+		}
+	}
+	if tk := cliJSON[sluice.Task](t, env, "tasks", "get", strconv.FormatInt(cliJSON[sluice.Run](t, env, "runs", "get", sid).Steps[0].Tasks[0], 10)); tk.State != sluice.StatePaused || tk.Explain != "run "+sid+" paused" {
+		t.Fatalf("a paused run's task: %s %q", tk.State, tk.Explain)
+	}
+	for range 2 {
+		stdout, stderr, code = cli(t, env, "runs", "resume", sid)
+		if code != 0 || !strings.HasPrefix(stdout, "run "+sid+" running\n") {
+			t.Fatalf("runs resume: exit %d\n%s%s", code, stdout, stderr)
+		}
+	}
+	// workflows pause/resume.
+	stdout, stderr, code = cli(t, env, "workflows", "pause", "cli-stuck", "--runs")
+	if code != 0 || stdout != "workflow cli-stuck paused\n" {
+		t.Fatalf("workflows pause: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if r := cliJSON[sluice.Run](t, env, "runs", "get", sid); r.State != sluice.RunPaused {
+		t.Fatalf("workflows pause --runs left run %s %s", sid, r.State)
+	}
+	if w := cliJSON[sluice.WorkflowInfo](t, env, "workflows", "get", "cli-stuck"); !w.Paused {
+		t.Fatalf("workflows get of a paused workflow: %+v", w)
+	}
+	stdout, stderr, code = cli(t, env, "workflows", "resume", "cli-stuck", "--runs")
+	if code != 0 || stdout != "workflow cli-stuck resumed\n" {
+		t.Fatalf("workflows resume: exit %d\n%s%s", code, stdout, stderr)
+	}
+	cliFail(t, env, 1, "not found", "workflows", "pause", "nope")
+
 	stdout, stderr, code = cli(t, env, "runs", "cancel", sid)
 	if code != 0 || stdout != "run "+sid+" cancelled\n" {
 		t.Fatalf("runs cancel: exit %d\n%s%s", code, stdout, stderr)

@@ -20,6 +20,15 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 		}
 		return fmt.Sprintf("scheduled: not before %s", t.RunAt.Format(time.RFC3339Nano)), nil
 	case sluice.StatePaused:
+		if t.RunID != 0 {
+			run, err := e.st.GetRun(ctx, t.RunID)
+			if err != nil {
+				return "", err
+			}
+			if run.State == sluice.RunPaused {
+				return fmt.Sprintf("run %d paused", t.RunID), nil
+			}
+		}
 		return fmt.Sprintf("queue %q paused", t.Queue), nil
 	case sluice.StateQueued:
 		sq, err := e.st.SubqueueStatus(ctx, t.ID)

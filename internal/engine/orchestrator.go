@@ -135,8 +135,9 @@ func (o *orchestrator) handle(ctx context.Context, id int64, events []int64) err
 		if err != nil {
 			return err
 		}
-		if run.State != sluice.RunRunning {
-			// Ended, or queued: nothing to decide.
+		if run.State != sluice.RunRunning && run.State != sluice.RunPaused {
+			// Ended, or queued: nothing to decide. (A paused run is
+			// decided as any: the store creates what follows paused.)
 			return o.deps.st.DropRunEvents(ctx, events)
 		}
 		a := store.RunApply{RunID: id, Seq: run.Seq, Events: events}

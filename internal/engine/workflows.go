@@ -232,6 +232,16 @@ func (e *Engine) runView(ctx context.Context, rec *store.RunRecord, full bool) (
 // running step waits for, and the steps waiting for others.
 func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *definition.Workflow, steps []sluice.RunStep) (string, error) {
 	switch rec.State {
+	case sluice.RunPaused:
+		running := 0
+		for _, s := range steps {
+			running += s.Counts[sluice.StateRunning]
+		}
+		msg := fmt.Sprintf("run %d paused: nothing of it starts until it is resumed", rec.ID)
+		if running > 0 {
+			msg += fmt.Sprintf("; %d of its tasks still running to completion", running)
+		}
+		return msg, nil
 	case sluice.RunQueued:
 		if rec.ConcurrencyKey != "" {
 			return fmt.Sprintf("queued: workflow %q allows %d active runs for key %q", rec.Workflow, w.RunLimit, rec.ConcurrencyKey), nil
@@ -390,4 +400,64 @@ func (e *Engine) queueRunCancels(ctx context.Context, runID int64) {
 			e.disp.wakeWorker(t.WorkerID)
 		}
 	}
+}
+
+// PauseRun pauses a run; see sluice.Backend.
+func (e *Engine) PauseRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := validate.TaskID("id", id); err != nil {
+		return nil, err
+	}
+	rec, o, err := e.st.PauseRun(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	return e.runView(ctx, rec, true)
+}
+
+// ResumeRun resumes a paused run; see sluice.Backend.
+func (e *Engine) ResumeRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := validate.TaskID("id", id); err != nil {
+		return nil, err
+	}
+	rec, o, err := e.st.ResumeRun(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	e.kickScheduler() // tasks that were backing off are scheduled again
+	return e.runView(ctx, rec, true)
+}
+
+// PauseWorkflow pauses a workflow; see sluice.Backend.
+func (e *Engine) PauseWorkflow(ctx context.Context, name string, runs bool) (*sluice.WorkflowInfo, error) {
+	return e.setWorkflowPaused(ctx, name, true, runs)
+}
+
+// ResumeWorkflow resumes a workflow; see sluice.Backend.
+func (e *Engine) ResumeWorkflow(ctx context.Context, name string, runs bool) (*sluice.WorkflowInfo, error) {
+	return e.setWorkflowPaused(ctx, name, false, runs)
+}
+
+func (e *Engine) setWorkflowPaused(ctx context.Context, name string, paused, runs bool) (*sluice.WorkflowInfo, error) {
+	if err := validate.Name("name", name); err != nil {
+		return nil, err
+	}
+	if _, err := e.st.GetWorkflow(ctx, name, 0); err != nil {
+		return nil, err
+	}
+	o, err := e.st.SetWorkflowPaused(ctx, name, paused, runs)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
+	if !paused {
+		e.kickScheduler()
+	}
+	w, err := e.st.GetWorkflow(ctx, name, 0)
+	if err != nil {
+		return nil, err
+	}
+	w.Definition = nil
+	return w, nil
 }

@@ -126,3 +126,74 @@ func TestWorkflowRunEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Tasks, 7)
 }
+
+const twoStepsYAML = `
+name: two
+steps:
+  - name: first
+    kind: a
+  - name: second
+    kind: b
+    input: "${{ steps.first.output }}"
+`
+
+// A run paused while its first step runs: the step's task finishes and
+// its result is kept, the second step is created paused, and nothing
+// starts until the resume; explain says why.
+func TestWorkflowPauseResume(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	f.apply(twoStepsYAML)
+	run := f.startRun("two", `{}`)
+	w := f.register("a", "b")
+	c := f.waitClaim(w, 10)
+	require.Len(t, c, 1)
+
+	paused, err := f.e.PauseRun(f.ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.RunPaused, paused.State)
+	require.Contains(t, paused.Explain, "paused")
+	require.Contains(t, paused.Explain, "1 of its tasks still running")
+	f.complete(w, sluice.TaskResult{TaskID: c[0].ID, Attempt: c[0].Attempt, Output: json.RawMessage(`"kept"`)})
+
+	// The orchestrator creates the second step, paused.
+	var second *sluice.Task
+	deadline := time.Now().Add(10 * time.Second)
+	for second == nil && time.Now().Before(deadline) {
+		got, err := f.e.GetRun(f.ctx, run.ID)
+		require.NoError(t, err)
+		if len(got.Steps[1].Tasks) > 0 {
+			second = f.get(got.Steps[1].Tasks[0])
+		}
+	}
+	require.NotNil(t, second, "the second step was not created")
+	require.Equal(t, sluice.StatePaused, second.State)
+	require.Equal(t, fmt.Sprintf("run %d paused", run.ID), second.Explain)
+	res, err := f.e.Claim(f.ctx, w, sluice.ClaimParams{Max: 10})
+	require.NoError(t, err)
+	require.Empty(t, res.Tasks, "nothing of a paused run starts")
+
+	resumed, err := f.e.ResumeRun(f.ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.RunRunning, resumed.State)
+	c = f.waitClaim(w, 10)
+	require.Len(t, c, 1)
+	require.Equal(t, second.ID, c[0].ID)
+	require.JSONEq(t, `"kept"`, string(c[0].Input))
+	f.complete(w, sluice.TaskResult{TaskID: c[0].ID, Attempt: c[0].Attempt, Output: json.RawMessage(`1`)})
+	done := f.waitRun(run.ID)
+	require.Equal(t, sluice.RunSucceeded, done.State, done.Error)
+
+	// A paused workflow keeps new runs queued until resumed.
+	wf, err := f.e.PauseWorkflow(f.ctx, "two", false)
+	require.NoError(t, err)
+	require.True(t, wf.Paused)
+	queued := f.startRun("two", `{}`)
+	require.Equal(t, sluice.RunQueued, queued.State)
+	_, err = f.e.ResumeWorkflow(f.ctx, "two", false)
+	require.NoError(t, err)
+	got, err := f.e.GetRun(f.ctx, queued.ID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.RunRunning, got.State)
+	_, err = f.e.CancelRun(f.ctx, queued.ID)
+	require.NoError(t, err)
+}

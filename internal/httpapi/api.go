@@ -100,11 +100,15 @@ var Routes = []Route{
 	{"POST", "/v1/workflows", ScopeAdmin, (*api).applyWorkflow},
 	{"GET", "/v1/workflows", ScopeAdmin, (*api).listWorkflows},
 	{"GET", "/v1/workflows/{name}", ScopeAdmin, (*api).getWorkflow},
+	{"POST", "/v1/workflows/{name}/pause", ScopeAdmin, (*api).pauseWorkflow},
+	{"POST", "/v1/workflows/{name}/resume", ScopeAdmin, (*api).resumeWorkflow},
 
 	{"POST", "/v1/runs", ScopeAdmin, (*api).startRun},
 	{"GET", "/v1/runs", ScopeAdmin, (*api).listRuns},
 	{"GET", "/v1/runs/{id}", ScopeAdmin, (*api).getRun},
 	{"POST", "/v1/runs/{id}/cancel", ScopeAdmin, (*api).cancelRun},
+	{"POST", "/v1/runs/{id}/pause", ScopeAdmin, (*api).pauseRun},
+	{"POST", "/v1/runs/{id}/resume", ScopeAdmin, (*api).resumeRun},
 
 	{"GET", "/v1/schedules", ScopeAdmin, (*api).listSchedules},
 	{"POST", "/v1/schedules/{id}/pause", ScopeAdmin, (*api).pauseSchedule},

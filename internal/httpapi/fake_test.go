@@ -283,3 +283,38 @@ func (f *fakeBackend) ResumeSchedule(ctx context.Context, id int64) (*sluice.Sch
 	}
 	return fakeSchedule(id), nil
 }
+
+func (f *fakeBackend) PauseRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := f.record("PauseRun", id); err != nil {
+		return nil, err
+	}
+	r := fakeRun(id)
+	r.State = sluice.RunPaused
+	return r, nil
+}
+
+func (f *fakeBackend) ResumeRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := f.record("ResumeRun", id); err != nil {
+		return nil, err
+	}
+	return fakeRun(id), nil
+}
+
+type workflowPauseCall struct {
+	Name string
+	Runs bool
+}
+
+func (f *fakeBackend) PauseWorkflow(ctx context.Context, name string, runs bool) (*sluice.WorkflowInfo, error) {
+	if err := f.record("PauseWorkflow", workflowPauseCall{name, runs}); err != nil {
+		return nil, err
+	}
+	return &sluice.WorkflowInfo{Name: name, Version: 1, CreatedAt: t0, Paused: true}, nil
+}
+
+func (f *fakeBackend) ResumeWorkflow(ctx context.Context, name string, runs bool) (*sluice.WorkflowInfo, error) {
+	if err := f.record("ResumeWorkflow", workflowPauseCall{name, runs}); err != nil {
+		return nil, err
+	}
+	return &sluice.WorkflowInfo{Name: name, Version: 1, CreatedAt: t0}, nil
+}

@@ -234,3 +234,64 @@ func (a *api) resumeSchedule(w http.ResponseWriter, r *http.Request) error {
 	}
 	return respond(w, http.StatusOK)(a.b.ResumeSchedule(r.Context(), id))
 }
+
+func (a *api) pauseRun(w http.ResponseWriter, r *http.Request) error {
+	id, err := runID(r)
+	if err != nil {
+		return err
+	}
+	return respond(w, http.StatusOK)(a.b.PauseRun(r.Context(), id))
+}
+
+func (a *api) resumeRun(w http.ResponseWriter, r *http.Request) error {
+	id, err := runID(r)
+	if err != nil {
+		return err
+	}
+	return respond(w, http.StatusOK)(a.b.ResumeRun(r.Context(), id))
+}
+
+// workflowPauseArgs reads the name and the `runs` query parameter of
+// POST /v1/workflows/{name}/pause and /resume.
+func workflowPauseArgs(r *http.Request) (string, bool, error) {
+	name := r.PathValue("name")
+	if err := validate.Name("name", name); err != nil {
+		return "", false, err
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return "", false, &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed query string: " + err.Error()}
+	}
+	runs := false
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		v := q[k]
+		if k != "runs" {
+			return "", false, sluice.Invalid(clip(k), "unknown query parameter: use runs")
+		}
+		if len(v) > 1 {
+			return "", false, sluice.Invalid("runs", "given %d times; give it once", len(v))
+		}
+		b, err := strconv.ParseBool(v[0])
+		if err != nil {
+			return "", false, sluice.Invalid("runs", "want true or false, got %q", clip(v[0]))
+		}
+		runs = b
+	}
+	return name, runs, nil
+}
+
+func (a *api) pauseWorkflow(w http.ResponseWriter, r *http.Request) error {
+	name, runs, err := workflowPauseArgs(r)
+	if err != nil {
+		return err
+	}
+	return respond(w, http.StatusOK)(a.b.PauseWorkflow(r.Context(), name, runs))
+}
+
+func (a *api) resumeWorkflow(w http.ResponseWriter, r *http.Request) error {
+	name, runs, err := workflowPauseArgs(r)
+	if err != nil {
+		return err
+	}
+	return respond(w, http.StatusOK)(a.b.ResumeWorkflow(r.Context(), name, runs))
+}

@@ -114,11 +114,11 @@ func TestWorkflowHappyPaths(t *testing.T) {
 		check              func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend)
 	}{
 		{"GET", "/v1/workflows", "", 200, "ListWorkflows", func(t *testing.T, w *httptest.ResponseRecorder, _ *fakeBackend) {
-			require.JSONEq(t, `{"workflows":[{"name":"ingest","version":1,"created_at":"2026-01-02T15:04:05Z"}]}`, w.Body.String())
+			require.JSONEq(t, `{"workflows":[{"name":"ingest","version":1,"created_at":"2026-01-02T15:04:05Z","paused":false}]}`, w.Body.String())
 		}},
 		{"GET", "/v1/workflows/ingest", "", 200, "GetWorkflow", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
 			require.Equal(t, 0, f.Calls()[0].Arg, "no version: the latest")
-			require.JSONEq(t, `{"name":"ingest","version":1,"definition":{"name":"ingest"},"created_at":"2026-01-02T15:04:05Z"}`, w.Body.String())
+			require.JSONEq(t, `{"name":"ingest","version":1,"definition":{"name":"ingest"},"created_at":"2026-01-02T15:04:05Z","paused":false}`, w.Body.String())
 		}},
 		{"GET", "/v1/workflows/ingest?version=3", "", 200, "GetWorkflow", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
 			require.Equal(t, 3, f.Calls()[0].Arg)
@@ -187,6 +187,23 @@ func TestWorkflowHappyPaths(t *testing.T) {
 		{"GET", "/v1/tasks?run_id=42", "", 200, "ListTasks", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
 			require.Equal(t, sluice.TaskFilter{RunID: 42}, f.Calls()[0].Arg)
 		}},
+		{"POST", "/v1/runs/4/pause", "", 200, "PauseRun", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
+			require.Equal(t, int64(4), f.Calls()[0].Arg)
+			require.Contains(t, w.Body.String(), `"state":"paused"`)
+		}},
+		{"POST", "/v1/runs/4/resume", "", 200, "ResumeRun", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
+			require.Equal(t, int64(4), f.Calls()[0].Arg)
+		}},
+		{"POST", "/v1/workflows/ingest/pause", "", 200, "PauseWorkflow", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
+			require.Equal(t, workflowPauseCall{"ingest", false}, f.Calls()[0].Arg)
+			require.Contains(t, w.Body.String(), `"paused":true`)
+		}},
+		{"POST", "/v1/workflows/ingest/pause?runs=true", "", 200, "PauseWorkflow", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
+			require.Equal(t, workflowPauseCall{"ingest", true}, f.Calls()[0].Arg)
+		}},
+		{"POST", "/v1/workflows/ingest/resume?runs=1", "", 200, "ResumeWorkflow", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
+			require.Equal(t, workflowPauseCall{"ingest", true}, f.Calls()[0].Arg)
+		}},
 		{"GET", "/v1/tasks?run_id=9223372036854775807&state=waiting&limit=5", "", 200, "ListTasks", func(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend) {
 			require.Equal(t, sluice.TaskFilter{RunID: 1<<63 - 1, State: sluice.StateWaiting, Limit: 5}, f.Calls()[0].Arg)
 		}},
@@ -241,6 +258,12 @@ func TestWorkflowBadInput(t *testing.T) {
 		{"workflow bad name", "GET", "/v1/workflows/a%21", "", 400, "name", "name:"},
 		{"workflow name space", "GET", "/v1/workflows/a%20b", "", 400, "name", "name:"},
 		{"workflow name too long", "GET", "/v1/workflows/" + strings.Repeat("n", 201), "", 400, "name", "longer than 200"},
+
+		// POST /v1/workflows/{name}/pause query.
+		{"pause unknown param", "POST", "/v1/workflows/ingest/pause?run=true", "", 400, "run", "run: unknown query parameter: use runs"},
+		{"pause runs not bool", "POST", "/v1/workflows/ingest/resume?runs=yes", "", 400, "runs", `runs: want true or false, got "yes"`},
+		{"pause runs twice", "POST", "/v1/workflows/ingest/pause?runs=1&runs=0", "", 400, "runs", "given 2 times"},
+		{"pause run bad id", "POST", "/v1/runs/x/pause", "", 400, "id", "id:"},
 
 		// GET /v1/workflows/{name} query.
 		{"workflow unknown param", "GET", "/v1/workflows/ingest?v=1", "", 400, "v", "v: unknown query parameter: use version"},

@@ -64,6 +64,25 @@ type RunStore interface {
 	// steps end cancelled, and a run queued behind its key's concurrency
 	// may start. A finished run is a conflict.
 	CancelRun(ctx context.Context, id int64) (*RunRecord, Outcome, error)
+	// PauseRun pauses a queued or running run: its scheduled, queued,
+	// ready and reserved tasks become paused, remembering whether they
+	// were scheduled (their run_at kept) or waiting for a slot (a ready
+	// one gives its slot back); its running tasks run on, and whatever
+	// starts from then on (a retry, an item let into a window, a step's
+	// tasks) is created paused; items waiting for a window stay waiting.
+	// Pausing a paused run changes nothing; a finished run is a conflict.
+	PauseRun(ctx context.Context, id int64) (*RunRecord, Outcome, error)
+	// ResumeRun returns a paused run to running (or, paused while queued,
+	// to queued unless it finds room) and each of its paused tasks to the
+	// state it left (a task whose queue is paused stays paused for the
+	// queue), lets items into windows with room, and writes a run event.
+	// Resuming a running run changes nothing.
+	ResumeRun(ctx context.Context, id int64) (*RunRecord, Outcome, error)
+	// SetWorkflowPaused pauses a workflow (its new runs are created
+	// queued; with runs, its queued and running runs are paused too) or
+	// resumes it (its queued runs start as its concurrency allows; with
+	// runs, its paused runs are resumed).
+	SetWorkflowPaused(ctx context.Context, name string, paused, runs bool) (Outcome, error)
 
 	ScheduleStore
 }

@@ -10,8 +10,8 @@ import (
 // The Go half of the workflow and run reads, shared by both stores: each
 // passes its SQL (placeholders differ) and a Reader.
 
-// ReadWorkflows reads rows of (name, version, definition, created_at);
-// sql's arguments are args.
+// ReadWorkflows reads rows of (name, version, definition, created_at,
+// paused); sql's arguments are args.
 func ReadWorkflows(ctx context.Context, r Reader, sql string, args ...any) ([]sluice.WorkflowInfo, error) {
 	rows, done, err := r.Query(ctx, sql, args...)
 	if err != nil {
@@ -25,7 +25,7 @@ func ReadWorkflows(ctx context.Context, r Reader, sql string, args ...any) ([]sl
 			def     []byte
 			created int64
 		)
-		if err := rows.Scan(&w.Name, &w.Version, &def, &created); err != nil {
+		if err := rows.Scan(&w.Name, &w.Version, &def, &created, &w.Paused); err != nil {
 			return nil, err
 		}
 		if len(def) > 0 {

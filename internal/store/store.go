@@ -55,6 +55,8 @@ type RunPlace struct {
 	// Waiting: a fan-out item beyond its step's window: it enters in
 	// state waiting.
 	Waiting bool
+	// Paused: its run is paused: it enters paused (from queued).
+	Paused bool
 }
 
 // EnqueueResult is the outcome of one NewTask.

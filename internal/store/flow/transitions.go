@@ -97,9 +97,11 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{sluice.StateReserved, sluice.StatePaused}:    {},
 	{sluice.StateReserved, sluice.StateCancelled}: {Active: -1},
 
-	// Paused: resumed onto the wait list, cancelled, or past its dispatch
-	// deadline.
+	// Paused: resumed onto the wait list (or, a task of a paused run
+	// that was backing off, to scheduled with its run_at), cancelled, or
+	// past its dispatch deadline.
 	{sluice.StatePaused, sluice.StateQueued}:    {Queued: +1},
+	{sluice.StatePaused, sluice.StateScheduled}: {},
 	{sluice.StatePaused, sluice.StateCancelled}: {Active: -1},
 	{sluice.StatePaused, sluice.StateFailed}:    {Active: -1},
 }

@@ -75,6 +75,7 @@ var allowed = map[[2]sluice.TaskState]string{
 	{sluice.StateWaiting, sluice.StateFailed}:    "ExpireDeadlines",
 
 	{sluice.StatePaused, sluice.StateQueued}:    "SetQueuePaused (resume)",
+	{sluice.StatePaused, sluice.StateScheduled}: "ResumeRun: a task that was backing off",
 	{sluice.StatePaused, sluice.StateCancelled}: "CancelTask",
 	{sluice.StatePaused, sluice.StateFailed}:    "ExpireDeadlines",
 }
@@ -193,6 +194,7 @@ func ExampleRows() {
 	// running   → failed    slot -1, active -1
 	// running   → cancelled slot -1, active -1
 	// running   → paused    slot -1
+	// paused    → scheduled
 	// paused    → queued    queued +1
 	// paused    → failed    active -1
 	// paused    → cancelled active -1

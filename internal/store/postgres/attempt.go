@@ -24,8 +24,12 @@ type runningTask struct {
 	cancelRequested      bool
 	timeoutUS            int64
 	run                  bool // a task of a workflow run (its end is settled, windows.go)
-	sq                   *flow.Subqueue
-	q                    *flow.Queue
+	// runID is its workflow run (nil: none), and runPaused whether that
+	// run was paused when the task was read (run_pause.go).
+	runID     *int64
+	runPaused bool
+	sq        *flow.Subqueue
+	q         *flow.Queue
 	// next is the chain of tasks reserved after this one (handover;
 	// chainSQL): ending the attempt returns them to the wait list
 	// (unreserveAfter) unless the caller hands over to the first, which
@@ -52,12 +56,16 @@ const chainSQL = `ARRAY(SELECT c.id FROM (
 // and read every task of the queue while statistics lag. The last column
 // is the tasks reserved after each (handover), a probe of the small
 // partial index tasks_reserved, so ending an attempt knows its successor
-// without a read of its own.
+// without a read of its own. Before it, a workflow run's task carries
+// whether its run is paused (a retry or a release of it then waits
+// paused): a probe of the run's primary key, made only for a task of a
+// run, so ending an attempt spends no round trip on it.
 func runningSelect(where string) string {
 	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue,
-			t.step_id IS NOT NULL AS run
+			t.step_id IS NOT NULL AS run, t.run_id
 		FROM tasks t WHERE ` + where + `)
-	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, ` +
+	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, t.run_id,
+		CASE WHEN t.run_id IS NULL THEN false ELSE EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id AND r.state = 'paused') END, ` +
 		sqCols + `, ` + qCols + `, ` + chainSQL + `
 	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
 }
@@ -65,7 +73,8 @@ func runningSelect(where string) string {
 func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
 	sq, q := &flow.Subqueue{}, &flow.Queue{}
-	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS, &r.run}, sq.Dest()...)
+	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS, &r.run,
+		&r.runID, &r.runPaused}, sq.Dest()...)
 	if err := rows.Scan(append(append(dest, q.Dest()...), &r.next)...); err != nil {
 		return nil, err
 	}
@@ -103,6 +112,15 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 		return err
 	}
 	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, q.WaitState())
+	// A retry of a paused run's task waits paused, remembering whether it
+	// backs off (scheduled, its run_at kept) or waits for a slot.
+	pausedFrom, runPaused := flow.PausedFrom(state), false
+	if !state.Terminal() && r.runID != nil {
+		if runPaused = t.runPausedAs(*r.runID, r.runPaused); runPaused && state != sluice.StatePaused {
+			from := string(state)
+			state, pausedFrom = sluice.StatePaused, &from
+		}
+	}
 	t.exec("recording attempt", `INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, string(rec), o.Err)
 	if err := t.Move(sq, q, sluice.StateRunning, state); err != nil {
@@ -120,7 +138,7 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 			string(state), output, o.Err, t.now, r.id)
 		return nil
 	}
-	t.exec("retrying task", `UPDATE tasks SET state = $1, paused_from = $2, error = $3, run_at = $4, worker_id = NULL, timeout_at = NULL WHERE id = $5`,
-		string(state), flow.PausedFrom(state), o.Err, runAt, r.id)
+	t.exec("retrying task", `UPDATE tasks SET state = $1, paused_from = $2, run_paused = $3, error = $4, run_at = $5, worker_id = NULL, timeout_at = NULL
+		WHERE id = $6`, string(state), pausedFrom, runPaused, o.Err, runAt, r.id)
 	return nil
 }

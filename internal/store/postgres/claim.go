@@ -292,10 +292,10 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 }
 
 // Release hands claimed tasks back unstarted: they keep their slots and
-// are ready again (or paused, giving the slot back, if their queue was
-// paused meanwhile), and the attempt is not counted. A reserved task
-// (handover), released or after a released task, returns to the wait
-// list.
+// are ready again (or paused, giving the slot back, if their queue or
+// their run was paused meanwhile), and the attempt is not counted. A
+// reserved task (handover), released or after a released task, returns
+// to the wait list.
 func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (store.Outcome, error) {
 	return s.write(ctx, func(t *txn) error {
 		var rts []*runningTask
@@ -312,15 +312,19 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			return nil // not ours any more: nothing to release
 		}
 		back, states := make([]int64, len(rts)), make([]string, len(rts))
-		paused := make([]*string, len(rts))
+		paused, runPaused := make([]*string, len(rts)), make([]bool, len(rts))
 		for i, rt := range rts {
 			if err := t.unreserveAfter(rt); err != nil {
 				return err
 			}
 			// Ready again on the slots it holds, or paused, giving them
-			// back, if its queue was paused meanwhile.
+			// back, if its queue or its run was paused meanwhile (the
+			// read says, for a task of a run: runningSelect).
+			if rt.runID != nil {
+				runPaused[i] = t.runPausedAs(*rt.runID, rt.runPaused)
+			}
 			state := sluice.StateReady
-			if rt.q.Paused() {
+			if rt.q.Paused() || runPaused[i] {
 				state = sluice.StatePaused
 			}
 			if err := t.Move(rt.sq, rt.q, sluice.StateRunning, state); err != nil {
@@ -328,9 +332,10 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			}
 			back[i], states[i], paused[i] = rt.id, string(state), flow.PausedFrom(state)
 		}
-		t.exec("release", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, attempt = t.attempt - 1, worker_id = NULL, timeout_at = NULL,
-				started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END
-			FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, state, paused_from) WHERE t.id = v.id`, back, states, paused)
+		t.exec("release", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, run_paused = v.run_paused, attempt = t.attempt - 1,
+				worker_id = NULL, timeout_at = NULL, started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END
+			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[]) AS v(id, state, paused_from, run_paused) WHERE t.id = v.id`,
+			back, states, paused, runPaused)
 		return nil
 	})
 }

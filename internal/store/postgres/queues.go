@@ -123,7 +123,8 @@ func (t *txn) resumeTasks(name string) error {
 	if _, err := t.MoveSet(sluice.StatePaused, sluice.StateQueued, -1); err != nil {
 		return err
 	}
-	t.exec("resuming queue", `UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = $1 AND state = 'paused'`, name)
+	// A task of a paused run stays paused: its run's resume returns it.
+	t.exec("resuming queue", `UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = $1 AND state = 'paused' AND NOT run_paused`, name)
 	t.exec("resuming queue", `UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = $1`, name)
 	return nil
 }
@@ -209,5 +210,11 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 			WHERE t.step_id IS NOT NULL AND NOT t.settled AND t.state IN ('succeeded', 'failed', 'cancelled')`},
 		{"step of an ended run", `SELECT 'step ' || s.id, 1::bigint, 0::bigint FROM run_steps s JOIN runs r ON r.id = s.run_id
 			WHERE s.state = 'running' AND r.state IN ('succeeded', 'failed', 'cancelled')`},
+		// Workflow concurrency: a place per running run (or paused from
+		// running), none for queued ones.
+		{"run places", `SELECT k, have, n FROM (SELECT p.workflow || '/' || p.ckey AS k, p.active AS have, (SELECT count(*) FROM runs r
+				WHERE r.workflow = p.workflow AND r.ckey = p.ckey AND r.climit > 0
+					AND (r.state = 'running' OR r.state = 'paused' AND r.paused_from = 'running')) AS n
+			FROM run_slots p) x WHERE have != n`},
 	})
 }

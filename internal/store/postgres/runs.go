@@ -43,7 +43,8 @@ func (s *Store) CreateRun(ctx context.Context, lim store.Limits, r store.NewRun)
 }
 
 // createRun inserts a run (or finds it by its idempotency key): running
-// with a start event, or queued behind its workflow's concurrency.
+// with a start event, or queued behind its workflow's concurrency, or
+// queued while its workflow is paused (run_pause.go).
 func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created bool, err error) {
 	if r.IdempotencyKey != "" {
 		// Concurrent replicas are serialised by the env lock, so the
@@ -59,34 +60,38 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 	}
 	state := sluice.RunRunning
 	if r.Limit > 0 {
-		// One statement takes a place under the limit if there is one:
-		// no row comes back when the key's runs fill it.
-		var active int64
-		found, err := t.queryRow("run concurrency", `INSERT INTO run_slots (workflow, ckey, active) VALUES ($1, $2, 1)
-			ON CONFLICT (workflow, ckey) DO UPDATE SET active = run_slots.active + 1 WHERE run_slots.active < $3 RETURNING active`,
-			[]any{r.Workflow, r.Key, r.Limit}, &active)
+		// One statement takes a place under the limit if there is one
+		// and the workflow is not paused (a paused workflow accepts runs
+		// and keeps them queued).
+		var paused, took bool
+		_, err := t.queryRow("run concurrency", `WITH p AS (SELECT EXISTS (SELECT 1 FROM workflow_pauses WHERE name = $1) AS paused),
+			took AS (INSERT INTO run_slots (workflow, ckey, active) SELECT $1, $2, 1 FROM p WHERE NOT p.paused
+				ON CONFLICT (workflow, ckey) DO UPDATE SET active = run_slots.active + 1 WHERE run_slots.active < $3 RETURNING active)
+			SELECT p.paused, EXISTS (SELECT 1 FROM took) FROM p`,
+			[]any{r.Workflow, r.Key, r.Limit}, &paused, &took)
 		if err != nil {
 			return 0, false, err
 		}
-		if !found {
+		if paused || !took {
 			state = sluice.RunQueued
 		}
 	}
 	var idem *string
-	var started *int64
 	if r.IdempotencyKey != "" {
 		idem = &r.IdempotencyKey
 	}
-	if state == sluice.RunRunning {
-		started = &t.now
-	}
+	// The run is queued, whatever its limit, while its workflow is
+	// paused: the statement that inserts it looks.
+	var got string
 	_, err = t.queryRow("inserting run", `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
-		[]any{r.Workflow, r.Version, string(state), []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started}, &id)
+		SELECT $1, $2, v.state, $4, $5, $6, $7, $8, CASE WHEN v.state = 'running' THEN $8::bigint END
+		FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_pauses WHERE name = $1) THEN 'queued' ELSE $3::text END AS state) v
+		RETURNING id, state`,
+		[]any{r.Workflow, r.Version, string(state), []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now}, &id, &got)
 	if err != nil {
 		return 0, false, err
 	}
-	if state == sluice.RunRunning {
+	if state = sluice.RunState(got); state == sluice.RunRunning {
 		t.runEvent(id, "start")
 	}
 	return id, true, nil
@@ -162,13 +167,17 @@ func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, 
 		if !found {
 			return sluice.NotFound("run %d not found", a.RunID)
 		}
-		if seq != a.Seq || sluice.RunState(state) != sluice.RunRunning {
+		// A paused run is decided as any: what follows is created
+		// paused.
+		paused := sluice.RunState(state) == sluice.RunPaused
+		if seq != a.Seq || (sluice.RunState(state) != sluice.RunRunning && !paused) {
 			return store.ErrRunChanged
 		}
+		t.setRunPaused(a.RunID, paused)
 		if len(a.Events) > 0 {
 			t.exec("deleting run events", `DELETE FROM run_events WHERE id = ANY($1)`, a.Events)
 		}
-		if err := t.createSteps(a.RunID, a.Steps); err != nil {
+		if err := t.createSteps(a.RunID, a.Steps, paused); err != nil {
 			return err
 		}
 		if a.End != nil {
@@ -179,12 +188,12 @@ func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, 
 }
 
 // createSteps inserts steps and their tasks: the first of a fan-out's
-// items up to its window enter the flow, the rest wait (windows.go). The
-// steps go in with one statement, in the round trip that creates the
-// tasks' queues and sub-queues and draws their ids (prepareInsert), and
-// the tasks with one more, queued to go with the refill: a fan-out of
-// any size takes the same round trips.
-func (t *txn) createSteps(runID int64, steps []store.NewStep) error {
+// items up to its window enter the flow (paused, for a paused run), the
+// rest wait (windows.go). The steps go in with one statement, in the
+// round trip that creates the tasks' queues and sub-queues and draws
+// their ids (prepareInsert), and the tasks with one more, queued to go
+// with the refill: a fan-out of any size takes the same round trips.
+func (t *txn) createSteps(runID int64, steps []store.NewStep, paused bool) error {
 	if len(steps) == 0 {
 		return nil
 	}
@@ -216,6 +225,7 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep) error {
 		for j, nt := range ns.Tasks {
 			// The step's id is set once the step is inserted.
 			nt.Run = &store.RunPlace{RunID: runID, Waiting: int64(j) >= active}
+			nt.Run.Paused = paused && !nt.Run.Waiting
 			if ns.Items >= 0 {
 				item := j
 				nt.Run.Item = &item
@@ -266,7 +276,8 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep) error {
 
 // endRun ends a run: a run that did not succeed has its unfinished tasks
 // and steps ended; a run holding a place under its workflow's
-// concurrency gives it to the next queued run of its key.
+// concurrency (a paused one: if it was running when paused) gives it to
+// the next queued run of its key, or frees it if the workflow is paused.
 func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error {
 	if end.State != sluice.RunSucceeded {
 		if err := t.endRunTasks(runID); err != nil {
@@ -281,11 +292,14 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 		workflow, key string
 		limit         int
 		next          int64
+		pausedFrom    *string
+		wfPaused      bool
 	)
 	t.queueQuery("ending run", `UPDATE runs SET state = $1, output = $2, error = $3, finished_at = $4 WHERE id = $5
-		RETURNING workflow, ckey, climit`, []any{string(end.State), out, end.Error, t.now, runID}, func(rows pgx.Rows) error {
-		return rows.Scan(&workflow, &key, &limit)
-	})
+		RETURNING workflow, ckey, climit, paused_from, EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = runs.workflow)`,
+		[]any{string(end.State), out, end.Error, t.now, runID}, func(rows pgx.Rows) error {
+			return rows.Scan(&workflow, &key, &limit, &pausedFrom, &wfPaused)
+		})
 	// The next queued run of its key, read in the same round trip (used
 	// only if the run held a place).
 	found, err := t.queryRow("run concurrency", `SELECT q.id FROM runs r, runs q
@@ -293,15 +307,22 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 	if err != nil {
 		return err
 	}
-	if limit == 0 || from == sluice.RunQueued {
-		return nil
+	t.setRunPaused(runID, false)
+	if from == sluice.RunPaused && pausedFrom != nil {
+		from = sluice.RunState(*pausedFrom)
 	}
-	if !found {
+	if limit == 0 || from == sluice.RunQueued {
+		return nil // it held no place under its workflow's concurrency
+	}
+	if !found || wfPaused {
+		// No run waits, or a paused workflow starts none: the place is
+		// free.
 		t.exec("run concurrency", `UPDATE run_slots SET active = active - 1 WHERE workflow = $1 AND ckey = $2`, workflow, key)
 		return nil
 	}
 	// The place passes to the next run of the key: active is unchanged.
-	t.exec("starting run", `UPDATE runs SET state = 'running', started_at = $1 WHERE id = $2`, t.now, next)
+	t.exec("starting run", `UPDATE runs SET state = 'running', started_at = $1, seq = seq + 1 WHERE id = $2`, t.now, next)
+	t.setRunPaused(next, false)
 	t.runEvent(next, "start")
 	return nil
 }

@@ -175,8 +175,8 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 // insert adds the fresh tasks with one statement, queued to go with the
 // refill. Each is ready at once if its sub-queue and the environment have
 // room and nothing waits ahead of it; a fan-out item beyond its step's
-// window (store.RunPlace) waits. results, if not nil, gets each task
-// inserted.
+// window (store.RunPlace) waits, and a task of a paused run waits paused.
+// results, if not nil, gets each task inserted.
 func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.EnqueueResult) error {
 	if len(fresh) == 0 {
 		return nil
@@ -193,13 +193,14 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		deadlines                    = make([]*int64, n)
 		inputs                       = make([][]byte, n)
 		// A workflow run's tasks (ApplyRun): their run, step, item and
-		// window (store.RunPlace.Columns).
-		runs, steps, items []*int64
-		windowed           []bool
+		// window (store.RunPlace.Columns), and whether their run is
+		// paused.
+		runs, steps, items   []*int64
+		windowed, runsPaused []bool
 	)
 	for _, i := range fresh {
 		if tasks[i].Run != nil {
-			runs, steps, items, windowed = make([]*int64, n), make([]*int64, n), make([]*int64, n), make([]bool, n)
+			runs, steps, items, windowed, runsPaused = make([]*int64, n), make([]*int64, n), make([]*int64, n), make([]bool, n), make([]bool, n)
 			break
 		}
 	}
@@ -216,9 +217,14 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			rank  int64
 			err   error
 		)
-		if nt.Run != nil && nt.Run.Waiting {
+		switch {
+		case nt.Run != nil && nt.Run.Waiting:
 			state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
-		} else {
+		case nt.Run != nil && nt.Run.Paused:
+			// A task of a paused run waits paused, as if it had entered
+			// the wait list.
+			state, err = sluice.StatePaused, t.Move(sq, q, flow.New, sluice.StatePaused)
+		default:
 			state, rank, err = t.Enter(sq, q, runAt > t.now)
 		}
 		if err != nil {
@@ -228,7 +234,7 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			// As store.RunPlace.Columns: a task of no run is windowed.
 			windowed[j] = true
 			if p := nt.Run; p != nil {
-				runs[j], steps[j], windowed[j] = &p.RunID, &p.StepID, !p.Waiting
+				runs[j], steps[j], windowed[j], runsPaused[j] = &p.RunID, &p.StepID, !p.Waiting, p.Paused
 				if p.Item != nil {
 					item := int64(*p.Item)
 					items[j] = &item
@@ -251,7 +257,7 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		t.exec("inserting tasks", insertSQL, args...)
 		return nil
 	}
-	t.exec("inserting tasks", insertRunSQL, append(args, runs, steps, items, windowed)...)
+	t.exec("inserting tasks", insertRunSQL, append(args, runs, steps, items, windowed, runsPaused)...)
 	return nil
 }
 
@@ -265,17 +271,17 @@ const insertSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state
 			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank)`
 
 // insertRunSQL is insertSQL for a batch holding tasks of workflow runs,
-// with their run, step, item and window columns (a separate statement, so
-// an Enqueue sends no arrays of NULLs for them).
+// with their run, step, item, window and run-paused columns (a separate
+// statement, so an Enqueue sends no arrays of NULLs for them).
 const insertRunSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed)
+			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed, run_paused)
 		SELECT id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-			timeout_us, run_at, deadline, idem, $16, rank, run_id, step_id, item, windowed
+			timeout_us, run_at, deadline, idem, $16, rank, run_id, step_id, item, windowed, run_paused
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
 			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[],
-			$17::bigint[], $18::bigint[], $19::bigint[], $20::boolean[])
+			$17::bigint[], $18::bigint[], $19::bigint[], $20::boolean[], $21::boolean[])
 			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank,
-				run_id, step_id, item, windowed)`
+				run_id, step_id, item, windowed, run_paused)`
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,

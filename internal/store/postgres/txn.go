@@ -46,6 +46,8 @@ type txn struct {
 	steps       map[int64]*flow.Step
 	events      int
 	settledEnds int
+	// paused caches whether runs are paused (run_pause.go).
+	paused map[int64]bool
 }
 
 // setGenericPlans makes a write transaction's statements use their

@@ -159,18 +159,27 @@ const letInSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS
 	JOIN subqueues s ON s.id = g.sq JOIN queues q ON q.name = g.queue`
 
 // letIn queues the read of the next waiting items of the steps with room
-// in their windows; once it has run, the function it returns lets them
-// in: it moves each from waiting (queued, or paused in a paused queue)
-// and queues their write.
+// in their windows (and, in the same round trip, whether their runs are
+// paused, unless the transaction knows); once it has run, the function
+// it returns lets them in: it moves each from waiting (queued, or paused
+// in a paused queue or a paused run) and queues their write.
 func (t *txn) letIn() func() error {
-	var steps, ns []int64
+	var steps, ns, runs []int64
+	seen := map[int64]bool{}
 	for _, st := range t.steps {
 		if n := st.Room(); n > 0 {
 			steps, ns = append(steps, st.ID()), append(ns, n)
+			if _, ok := t.paused[st.RunID()]; !ok && !seen[st.RunID()] {
+				seen[st.RunID()] = true
+				runs = append(runs, st.RunID())
+			}
 		}
 	}
 	if len(steps) == 0 {
 		return func() error { return nil }
+	}
+	if len(runs) > 0 {
+		t.queueRunsPaused(runs)
 	}
 	type group struct {
 		step int64
@@ -203,17 +212,23 @@ func (t *txn) letIn() func() error {
 		var ids []int64
 		var states []string
 		var paused []*string
+		var runPaused []bool
 		for _, g := range groups {
-			to := g.q.WaitState()
+			// Items let in while their run is paused wait paused.
+			to, rp := g.q.WaitState(), t.paused[t.steps[g.step].RunID()]
+			if rp {
+				to = sluice.StatePaused
+			}
 			if _, err := t.MoveN(g.sq, g.q, sluice.StateWaiting, to, int64(len(g.ids))); err != nil {
 				return err
 			}
 			for _, id := range g.ids {
-				ids, states, paused = append(ids, id), append(states, string(to)), append(paused, flow.PausedFrom(to))
+				ids, states, paused, runPaused = append(ids, id), append(states, string(to)), append(paused, flow.PausedFrom(to)), append(runPaused, rp)
 			}
 		}
-		t.exec("letting items in", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, windowed = true
-			FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(id, state, paused_from) WHERE t.id = v.id`, ids, states, paused)
+		t.exec("letting items in", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, run_paused = v.run_paused, windowed = true
+			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[]) AS v(id, state, paused_from, run_paused) WHERE t.id = v.id`,
+			ids, states, paused, runPaused)
 		return nil
 	}
 }

@@ -21,16 +21,17 @@ type runningTask struct {
 	startedAt            int64
 	cancelRequested      bool
 	createdAt            int64
+	runID                *int64 // a workflow run's task
 	// handingOver: the task's result names a successor; the caller hands
 	// over to it (or releases it) instead of endAttempt releasing it.
 	handingOver bool
 }
 
-const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at`
+const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at, run_id`
 
 func scanRunning(row interface{ Scan(...any) error }) (*runningTask, error) {
 	r := &runningTask{}
-	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt)
+	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt, &r.runID)
 	return r, err
 }
 
@@ -52,6 +53,18 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 		}
 	}
 	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, q.WaitState())
+	// A retry of a paused run's task waits paused, remembering whether it
+	// backs off (scheduled, its run_at kept) or waits for a slot.
+	pausedFrom, runPaused := flow.PausedFrom(state), false
+	if !state.Terminal() && r.runID != nil {
+		if runPaused, err = t.runPaused(*r.runID); err != nil {
+			return err
+		}
+		if runPaused && state != sluice.StatePaused {
+			from := string(state)
+			state, pausedFrom = sluice.StatePaused, &from
+		}
+	}
 	if _, err := t.exec(`INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, rec, o.Err); err != nil {
 		return fmt.Errorf("recording attempt: %w", err)
@@ -68,7 +81,7 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 			state, output, o.Err, t.now, r.id)
 		return err
 	}
-	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
-		state, flow.PausedFrom(state), o.Err, runAt, r.id)
+	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+		state, pausedFrom, runPaused, o.Err, runAt, r.id)
 	return err
 }

@@ -203,10 +203,16 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 				}
 			}
 			// Ready again on the slots it holds, or paused, giving them
-			// back, if its queue was paused meanwhile.
+			// back, if its queue or its run was paused meanwhile.
+			runPaused := false
+			if rt.runID != nil {
+				if runPaused, err = t.runPaused(*rt.runID); err != nil {
+					return err
+				}
+			}
 			state := sluice.StateReady
 			var sq *flow.Subqueue
-			if q.Paused() {
+			if q.Paused() || runPaused {
 				if sq, err = t.subqueue(rt.sq); err != nil {
 					return err
 				}
@@ -215,8 +221,8 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			if err := t.Move(sq, q, sluice.StateRunning, state); err != nil {
 				return err
 			}
-			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, attempt = attempt - 1, worker_id = NULL, timeout_at = NULL,
-				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END WHERE id = ?`, state, flow.PausedFrom(state), id); err != nil {
+			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, attempt = attempt - 1, worker_id = NULL, timeout_at = NULL,
+				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END WHERE id = ?`, state, flow.PausedFrom(state), runPaused, id); err != nil {
 				return fmt.Errorf("release: %w", err)
 			}
 		}

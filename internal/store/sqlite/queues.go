@@ -135,7 +135,8 @@ func (t *txn) resumeTasks(name string) error {
 	if _, err := t.MoveSet(sluice.StatePaused, sluice.StateQueued, -1); err != nil {
 		return err
 	}
-	if _, err := t.exec(`UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = ? AND state = 'paused'`, name); err != nil {
+	// A task of a paused run stays paused: its run's resume returns it.
+	if _, err := t.exec(`UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = ? AND state = 'paused' AND run_paused = 0`, name); err != nil {
 		return err
 	}
 	_, err := t.exec(`UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = ?`, name)
@@ -196,5 +197,9 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		{"idle window", `SELECT 'step ' || s.id, s.waiting, 0 FROM run_steps s WHERE s.state = 'running' AND s.waiting > 0 AND (s.win IS NULL OR s.active < s.win)`},
 		{"unsettled", `SELECT 'task ' || t.id, 0, 1 FROM tasks t WHERE t.step_id IS NOT NULL AND t.settled = 0 AND t.state IN ('succeeded', 'failed', 'cancelled')`},
 		{"step of an ended run", `SELECT 'step ' || s.id, 1, 0 FROM run_steps s JOIN runs r ON r.id = s.run_id WHERE s.state = 'running' AND r.state IN ('succeeded', 'failed', 'cancelled')`},
+		// Workflow concurrency: a place per running run (or paused from
+		// running), none for queued ones.
+		{"run places", `SELECT p.workflow || '/' || p.ckey, p.active, (SELECT count(*) FROM runs r WHERE r.workflow = p.workflow AND r.ckey = p.ckey
+			AND r.climit > 0 AND (r.state = 'running' OR r.state = 'paused' AND r.paused_from = 'running')) AS n FROM run_slots p WHERE p.active != n`},
 	})
 }

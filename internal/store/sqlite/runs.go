@@ -50,7 +50,14 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 		return 0, false, store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
 	}
 	state := sluice.RunRunning
-	if r.Limit > 0 {
+	paused, err := t.workflowPaused(r.Workflow)
+	if err != nil {
+		return 0, false, err
+	}
+	if paused {
+		// A paused workflow accepts runs and keeps them queued.
+		state = sluice.RunQueued
+	} else if r.Limit > 0 {
 		var active int
 		err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_slots (workflow, ckey) VALUES (?, ?)
 			ON CONFLICT (workflow, ckey) DO UPDATE SET active = active RETURNING active`, r.Workflow, r.Key).Scan(&active)
@@ -160,14 +167,15 @@ func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, 
 		if err != nil {
 			return fmt.Errorf("reading run %d: %w", a.RunID, err)
 		}
-		if seq != a.Seq || state != sluice.RunRunning {
+		if seq != a.Seq || (state != sluice.RunRunning && state != sluice.RunPaused) {
 			return store.ErrRunChanged
 		}
+		t.setRunPaused(a.RunID, state == sluice.RunPaused)
 		if err := deleteEvents(ctx, t.tx, a.Events); err != nil {
 			return err
 		}
 		for i := range a.Steps {
-			if err := t.createStep(a.RunID, &a.Steps[i]); err != nil {
+			if err := t.createStep(a.RunID, &a.Steps[i], state == sluice.RunPaused); err != nil {
 				return err
 			}
 		}
@@ -183,7 +191,7 @@ func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, 
 
 // createStep inserts a step and its tasks: the first of a fan-out's
 // items up to its window enter the flow, the rest wait (windows.go).
-func (t *txn) createStep(runID int64, ns *store.NewStep) error {
+func (t *txn) createStep(runID int64, ns *store.NewStep, paused bool) error {
 	var fin any
 	if ns.State.Terminal() {
 		fin = t.now
@@ -205,6 +213,7 @@ func (t *txn) createStep(runID int64, ns *store.NewStep) error {
 	for i := range ns.Tasks {
 		nt := &ns.Tasks[i]
 		place := &store.RunPlace{RunID: runID, StepID: stepID, Waiting: int64(i) >= active}
+		place.Paused = paused && !place.Waiting
 		if ns.Items >= 0 {
 			item := i
 			place.Item = &item
@@ -233,14 +242,27 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 	var (
 		workflow, key string
 		limit         int
+		pausedFrom    *string
 	)
 	err := t.tx.QueryRowContext(t.ctx, `UPDATE runs SET state = ?, output = ?, error = ?, finished_at = ? WHERE id = ?
-		RETURNING workflow, ckey, climit`, end.State, out, end.Error, t.now, runID).Scan(&workflow, &key, &limit)
+		RETURNING workflow, ckey, climit, paused_from`, end.State, out, end.Error, t.now, runID).Scan(&workflow, &key, &limit, &pausedFrom)
 	if err != nil {
 		return fmt.Errorf("ending run %d: %w", runID, err)
 	}
+	t.setRunPaused(runID, false)
+	if from == sluice.RunPaused && pausedFrom != nil {
+		from = sluice.RunState(*pausedFrom)
+	}
 	if limit == 0 || from == sluice.RunQueued {
-		return nil
+		return nil // it held no place under its workflow's concurrency
+	}
+	if paused, err := t.workflowPaused(workflow); err != nil || paused {
+		if err != nil {
+			return err
+		}
+		// A paused workflow starts nothing: the place is free.
+		_, err = t.exec(`UPDATE run_slots SET active = active - 1 WHERE workflow = ? AND ckey = ?`, workflow, key)
+		return err
 	}
 	var next int64
 	err = t.tx.QueryRowContext(t.ctx, `SELECT id FROM runs INDEXED BY runs_queued WHERE workflow = ? AND ckey = ? AND state = 'queued' ORDER BY id LIMIT 1`,
@@ -253,7 +275,7 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 		return fmt.Errorf("run concurrency: %w", err)
 	}
 	// The place passes to the next run of the key: active is unchanged.
-	if _, err := t.exec(`UPDATE runs SET state = 'running', started_at = ? WHERE id = ?`, t.now, next); err != nil {
+	if _, err := t.exec(`UPDATE runs SET state = 'running', started_at = ?, seq = seq + 1 WHERE id = ?`, t.now, next); err != nil {
 		return fmt.Errorf("starting run %d: %w", next, err)
 	}
 	return t.runEvent(next, "start")

@@ -130,7 +130,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 		for rows.Next() {
 			rt := &runningTask{}
 			var tus int64
-			if err := rows.Scan(&rt.id, &rt.sq, &rt.queue, &rt.workerID, &rt.attempt, &rt.maxAttempts, &rt.startedAt, &rt.cancelRequested, &rt.createdAt, &tus); err != nil {
+			if err := rows.Scan(&rt.id, &rt.sq, &rt.queue, &rt.workerID, &rt.attempt, &rt.maxAttempts, &rt.startedAt, &rt.cancelRequested, &rt.createdAt, &rt.runID, &tus); err != nil {
 				rows.Close()
 				return err
 			}

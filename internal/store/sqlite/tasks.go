@@ -92,9 +92,14 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 		state sluice.TaskState
 		rank  int64
 	)
-	if nt.Run != nil && nt.Run.Waiting {
+	switch {
+	case nt.Run != nil && nt.Run.Waiting:
 		state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
-	} else {
+	case nt.Run != nil && nt.Run.Paused:
+		// A task of a paused run waits paused, as if it had entered the
+		// wait list.
+		state, err = sluice.StatePaused, t.Move(sq, q, flow.New, sluice.StatePaused)
+	default:
 		state, rank, err = t.Enter(sq, q, runAt > t.now)
 	}
 	if err != nil {
@@ -107,10 +112,11 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 	run, step, item, windowed := nt.Run.Columns()
 	var id int64
 	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO tasks (kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed, run_paused)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
 		nt.Kind, nt.Queue, nt.ConcurrencyKey, sq.ID(), nt.Priority, state, flow.PausedFrom(state), nt.MaxAttempts, store.JSONOrNull(nt.Input),
-		nt.Timeout.Microseconds(), runAt, nt.DeadlineUS(t.now), idem, t.now, rank, run, step, item, windowed).Scan(&id)
+		nt.Timeout.Microseconds(), runAt, nt.DeadlineUS(t.now), idem, t.now, rank, run, step, item, windowed,
+		nt.Run != nil && nt.Run.Paused).Scan(&id)
 	if err != nil {
 		return nil, fmt.Errorf("inserting task: %w", err)
 	}

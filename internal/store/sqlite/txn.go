@@ -27,6 +27,8 @@ type txn struct {
 	// counts the run events it wrote.
 	steps  map[int64]*flow.Step
 	events int
+	// paused caches whether runs are paused (run_pause.go).
+	paused map[int64]bool
 }
 
 // write runs fn in a write transaction, then writes the counters and

@@ -129,6 +129,11 @@ func (t *txn) letIn(st *flow.Step) error {
 		return fmt.Errorf("window of step %d: counted %d waiting, found %d: counters out of step", st.ID(), st.Waiting(), len(items))
 	}
 	st.Admit(n)
+	// Items let in while their run is paused wait paused.
+	runPaused, err := t.runPaused(st.RunID())
+	if err != nil {
+		return err
+	}
 	for _, it := range items {
 		sq, err := t.subqueue(it.sq)
 		if err != nil {
@@ -139,10 +144,14 @@ func (t *txn) letIn(st *flow.Step) error {
 			return err
 		}
 		to := q.WaitState()
+		if runPaused {
+			to = sluice.StatePaused
+		}
 		if err := t.Move(sq, q, sluice.StateWaiting, to); err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, windowed = 1 WHERE id = ?`, to, flow.PausedFrom(to), it.id); err != nil {
+		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, windowed = 1 WHERE id = ?`,
+			to, flow.PausedFrom(to), runPaused, it.id); err != nil {
 			return fmt.Errorf("window of step %d: %w", st.ID(), err)
 		}
 	}

@@ -43,10 +43,11 @@ func (s *Store) PutWorkflow(ctx context.Context, name string, def json.RawMessag
 
 // GetWorkflow returns a version of a workflow (0: the latest).
 func (s *Store) GetWorkflow(ctx context.Context, name string, version int) (*sluice.WorkflowInfo, error) {
-	q := `SELECT name, version, definition, created_at FROM workflows WHERE name = ? AND version = ?`
+	const cols = `name, version, definition, created_at, EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = workflows.name)`
+	q := `SELECT ` + cols + ` FROM workflows WHERE name = ? AND version = ?`
 	args := []any{name, version}
 	if version == 0 {
-		q, args = `SELECT name, version, definition, created_at FROM workflows WHERE name = ? ORDER BY version DESC LIMIT 1`, []any{name}
+		q, args = `SELECT `+cols+` FROM workflows WHERE name = ? ORDER BY version DESC LIMIT 1`, []any{name}
 	}
 	list, err := store.ReadWorkflows(ctx, s.reader(), q, args...)
 	if err != nil {
@@ -60,7 +61,7 @@ func (s *Store) GetWorkflow(ctx context.Context, name string, version int) (*slu
 
 // ListWorkflows returns the latest version of every workflow.
 func (s *Store) ListWorkflows(ctx context.Context) ([]sluice.WorkflowInfo, error) {
-	list, err := store.ReadWorkflows(ctx, s.reader(), `SELECT w.name, w.version, NULL, w.created_at FROM workflows w
+	list, err := store.ReadWorkflows(ctx, s.reader(), `SELECT w.name, w.version, NULL, w.created_at, EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = w.name) FROM workflows w
 		WHERE w.version = (SELECT max(version) FROM workflows v WHERE v.name = w.name) ORDER BY w.name`)
 	if err != nil {
 		return nil, fmt.Errorf("listing workflows: %w", err)

@@ -42,6 +42,7 @@ var areas = []tests{
 	handoverChainTests,
 	runTests,
 	scheduleTests,
+	runPauseTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would

@@ -1,0 +1,368 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+)
+
+// Pausing and resuming runs and workflows. A paused run starts nothing:
+// its waiting tasks become paused, remembering the state they left (a
+// ready one gives its slot back); its running tasks run on, and what
+// their ends would start — a retry, the next items of a window, a step
+// created meanwhile — waits paused too. Resume returns each to the state
+// it left, the refill re-taking slots as the limits allow. Mirrors the
+// PostgreSQL store's run_pause.go.
+
+// runPaused reports whether run id is paused, cached for the
+// transaction (a pause or resume in it updates the cache).
+func (t *txn) runPaused(id int64) (bool, error) {
+	if p, ok := t.paused[id]; ok {
+		return p, nil
+	}
+	var state sluice.RunState
+	if err := t.tx.QueryRowContext(t.ctx, `SELECT state FROM runs WHERE id = ?`, id).Scan(&state); err != nil {
+		return false, fmt.Errorf("reading run %d: %w", id, err)
+	}
+	t.setRunPaused(id, state == sluice.RunPaused)
+	return state == sluice.RunPaused, nil
+}
+
+func (t *txn) setRunPaused(id int64, paused bool) {
+	if t.paused == nil {
+		t.paused = map[int64]bool{}
+	}
+	t.paused[id] = paused
+}
+
+// PauseRun pauses a queued or running run; see store.RunStore.
+func (s *Store) PauseRun(ctx context.Context, id int64) (*store.RunRecord, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error { return t.pauseRun(id) })
+	if err != nil {
+		return nil, o, err
+	}
+	run, err := s.getRun(ctx, s.w, id)
+	return run, o, err
+}
+
+func (t *txn) pauseRun(id int64) error {
+	var state sluice.RunState
+	err := t.tx.QueryRowContext(t.ctx, `SELECT state FROM runs WHERE id = ?`, id).Scan(&state)
+	if err == sql.ErrNoRows {
+		return sluice.NotFound("run %d not found", id)
+	}
+	if err != nil {
+		return fmt.Errorf("reading run %d: %w", id, err)
+	}
+	switch {
+	case state == sluice.RunPaused:
+		return nil // pausing twice is harmless
+	case state.Terminal():
+		return sluice.Conflict("run %d already %s", id, state)
+	}
+	if _, err := t.exec(`UPDATE runs SET state = 'paused', paused_from = ?, seq = seq + 1 WHERE id = ?`, state, id); err != nil {
+		return fmt.Errorf("pausing run %d: %w", id, err)
+	}
+	t.setRunPaused(id, true)
+	type task struct {
+		id, sq int64
+		state  sluice.TaskState
+		queue  string
+	}
+	var tasks []task
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, state, queue FROM tasks INDEXED BY tasks_run
+		WHERE run_id = ? AND state IN ('scheduled', 'queued', 'ready', 'reserved', 'paused')`, id)
+	if err != nil {
+		return fmt.Errorf("pausing run %d: %w", id, err)
+	}
+	for rows.Next() {
+		var x task
+		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue); err != nil {
+			rows.Close()
+			return err
+		}
+		tasks = append(tasks, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, x := range tasks {
+		if x.state == sluice.StatePaused {
+			// Paused by its queue already: now by its run too.
+			if _, err := t.exec(`UPDATE tasks SET run_paused = 1 WHERE id = ?`, x.id); err != nil {
+				return err
+			}
+			continue
+		}
+		sq, err := t.subqueue(x.sq)
+		if err != nil {
+			return err
+		}
+		q, err := t.queue(x.queue, false)
+		if err != nil {
+			return err
+		}
+		if err := t.Move(sq, q, x.state, sluice.StatePaused); err != nil {
+			return err
+		}
+		// A scheduled task keeps its run_at; the others return to the
+		// wait list (a ready one re-takes a slot as the limits allow).
+		from := sluice.StateQueued
+		if x.state == sluice.StateScheduled {
+			from = sluice.StateScheduled
+		}
+		if _, err := t.exec(`UPDATE tasks SET state = 'paused', paused_from = ?, run_paused = 1, worker_id = NULL, after_id = NULL WHERE id = ?`,
+			from, x.id); err != nil {
+			return err
+		}
+	}
+	// The chains behind its reserved tasks would follow tasks that do
+	// not run: they go back to the wait list. Only now, once the run's
+	// own tasks are paused (a chain may hold several of them, which the
+	// release must not count as queued).
+	for _, x := range tasks {
+		if x.state == sluice.StateReserved {
+			if err := t.unreserveAfter(x.id); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ResumeRun resumes a paused run; see store.RunStore.
+func (s *Store) ResumeRun(ctx context.Context, id int64) (*store.RunRecord, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error { return t.resumeRun(id) })
+	if err != nil {
+		return nil, o, err
+	}
+	run, err := s.getRun(ctx, s.w, id)
+	return run, o, err
+}
+
+func (t *txn) resumeRun(id int64) error {
+	var (
+		state         sluice.RunState
+		from          *string
+		workflow, key string
+		limit         int
+	)
+	err := t.tx.QueryRowContext(t.ctx, `SELECT state, paused_from, workflow, ckey, climit FROM runs WHERE id = ?`, id).
+		Scan(&state, &from, &workflow, &key, &limit)
+	if err == sql.ErrNoRows {
+		return sluice.NotFound("run %d not found", id)
+	}
+	if err != nil {
+		return fmt.Errorf("reading run %d: %w", id, err)
+	}
+	switch {
+	case state == sluice.RunRunning || state == sluice.RunQueued:
+		return nil // resuming twice is harmless
+	case state.Terminal():
+		return sluice.Conflict("run %d already %s", id, state)
+	}
+	if from != nil && sluice.RunState(*from) == sluice.RunQueued {
+		// It had no place under its workflow's concurrency: it takes one
+		// if there is room, else waits queued again, in its order.
+		started, err := t.startQueued(id, workflow, key, limit)
+		if err != nil || started {
+			return err
+		}
+		_, err = t.exec(`UPDATE runs SET state = 'queued', paused_from = NULL, seq = seq + 1 WHERE id = ?`, id)
+		t.setRunPaused(id, false)
+		return err
+	}
+	if _, err := t.exec(`UPDATE runs SET state = 'running', paused_from = NULL, seq = seq + 1 WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("resuming run %d: %w", id, err)
+	}
+	t.setRunPaused(id, false)
+	type task struct {
+		id, sq int64
+		from   sluice.TaskState
+		queue  string
+	}
+	var tasks []task
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, paused_from, queue FROM tasks INDEXED BY tasks_run
+		WHERE run_id = ? AND state = 'paused' AND run_paused = 1`, id)
+	if err != nil {
+		return fmt.Errorf("resuming run %d: %w", id, err)
+	}
+	for rows.Next() {
+		var x task
+		if err := rows.Scan(&x.id, &x.sq, &x.from, &x.queue); err != nil {
+			rows.Close()
+			return err
+		}
+		tasks = append(tasks, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, x := range tasks {
+		q, err := t.queue(x.queue, false)
+		if err != nil {
+			return err
+		}
+		if q.Paused() && x.from == sluice.StateQueued {
+			// Its queue is paused: it stays paused, for the queue's
+			// resume.
+			if _, err := t.exec(`UPDATE tasks SET run_paused = 0 WHERE id = ?`, x.id); err != nil {
+				return err
+			}
+			continue
+		}
+		sq, err := t.subqueue(x.sq)
+		if err != nil {
+			return err
+		}
+		if err := t.Move(sq, q, sluice.StatePaused, x.from); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = NULL, run_paused = 0 WHERE id = ?`, x.from, x.id); err != nil {
+			return err
+		}
+	}
+	// Windows that an end made room in while the run was paused let
+	// their next items in now.
+	rows, err = t.tx.QueryContext(t.ctx, `SELECT id FROM run_steps WHERE run_id = ? AND state = 'running' AND waiting > 0`, id)
+	if err != nil {
+		return err
+	}
+	var steps []int64
+	for rows.Next() {
+		var sid int64
+		if err := rows.Scan(&sid); err != nil {
+			rows.Close()
+			return err
+		}
+		steps = append(steps, sid)
+	}
+	rows.Close()
+	for _, sid := range steps {
+		st, err := t.step(sid)
+		if err != nil {
+			return err
+		}
+		if err := t.letIn(st); err != nil {
+			return err
+		}
+	}
+	// The workflow layer looks again: a decision taken while paused
+	// created its tasks paused, and they run now; this event is for
+	// anything it could not see.
+	return t.runEvent(id, "resume")
+}
+
+// startQueued starts a queued run if its workflow is not paused and its
+// key has room under the workflow's concurrency (limit 0: none).
+func (t *txn) startQueued(id int64, workflow, key string, limit int) (bool, error) {
+	paused, err := t.workflowPaused(workflow)
+	if err != nil || paused {
+		return false, err
+	}
+	if limit > 0 {
+		var active int
+		err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_slots (workflow, ckey) VALUES (?, ?)
+			ON CONFLICT (workflow, ckey) DO UPDATE SET active = active RETURNING active`, workflow, key).Scan(&active)
+		if err != nil {
+			return false, fmt.Errorf("run concurrency: %w", err)
+		}
+		if active >= limit {
+			return false, nil
+		}
+		if _, err := t.exec(`UPDATE run_slots SET active = active + 1 WHERE workflow = ? AND ckey = ?`, workflow, key); err != nil {
+			return false, err
+		}
+	}
+	if _, err := t.exec(`UPDATE runs SET state = 'running', paused_from = NULL, started_at = coalesce(started_at, ?), seq = seq + 1 WHERE id = ?`,
+		t.now, id); err != nil {
+		return false, fmt.Errorf("starting run %d: %w", id, err)
+	}
+	t.setRunPaused(id, false)
+	return true, t.runEvent(id, "start")
+}
+
+// workflowPaused reports whether a workflow is paused (new runs wait
+// queued).
+func (t *txn) workflowPaused(name string) (bool, error) {
+	var n int
+	if err := t.tx.QueryRowContext(t.ctx, `SELECT count(*) FROM workflow_pauses WHERE name = ?`, name).Scan(&n); err != nil {
+		return false, fmt.Errorf("reading workflow %q: %w", name, err)
+	}
+	return n > 0, nil
+}
+
+// SetWorkflowPaused pauses or resumes a workflow; see store.RunStore.
+func (s *Store) SetWorkflowPaused(ctx context.Context, name string, paused, runs bool) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		if paused {
+			if _, err := t.exec(`INSERT INTO workflow_pauses (name, paused_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`, name, t.now); err != nil {
+				return fmt.Errorf("pausing workflow %q: %w", name, err)
+			}
+		} else if _, err := t.exec(`DELETE FROM workflow_pauses WHERE name = ?`, name); err != nil {
+			return fmt.Errorf("resuming workflow %q: %w", name, err)
+		}
+		var ids []int64
+		q := `SELECT id FROM runs INDEXED BY runs_workflow WHERE workflow = ? AND state = 'queued' ORDER BY id`
+		switch {
+		case paused && runs:
+			q = `SELECT id FROM runs INDEXED BY runs_workflow WHERE workflow = ? AND state IN ('queued', 'running') ORDER BY id`
+		case paused:
+			return nil
+		case runs:
+			q = `SELECT id FROM runs INDEXED BY runs_workflow WHERE workflow = ? AND state IN ('queued', 'paused') ORDER BY id`
+		}
+		rows, err := t.tx.QueryContext(t.ctx, q, name)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if paused {
+				if err := t.pauseRun(id); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := t.resumeOrStart(id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// resumeOrStart resumes a paused run, or starts a queued one if there is
+// room (a workflow's resume).
+func (t *txn) resumeOrStart(id int64) error {
+	var (
+		state         sluice.RunState
+		workflow, key string
+		limit         int
+	)
+	if err := t.tx.QueryRowContext(t.ctx, `SELECT state, workflow, ckey, climit FROM runs WHERE id = ?`, id).
+		Scan(&state, &workflow, &key, &limit); err != nil {
+		return err
+	}
+	if state == sluice.RunPaused {
+		return t.resumeRun(id)
+	}
+	_, err := t.startQueued(id, workflow, key, limit)
+	return err
+}
