@@ -15,6 +15,16 @@ type Backend interface {
 	GetTask(ctx context.Context, id int64) (*Task, error)
 	ListTasks(ctx context.Context, f TaskFilter) (*TaskPage, error)
 	CancelTask(ctx context.Context, id int64) (*Task, error)
+	// RetryTask sends a failed or cancelled task back to its queue, same
+	// id, with a fresh budget of attempts (as many as it was created
+	// with; attempt numbers go on, so its earlier attempts stay in its
+	// history), its error and output cleared and its dispatch deadline,
+	// if any, counted again from now. A task that has not ended, a
+	// succeeded task and a task of a workflow run (its run decides its
+	// tasks: start a new run) are an ErrConflict. The task counts as a
+	// new unfinished task: over an admission ceiling it is an
+	// *AdmissionError and nothing changes.
+	RetryTask(ctx context.Context, id int64) (*Task, error)
 
 	PutQueue(ctx context.Context, name string, p QueueParams) (*Queue, error)
 	GetQueue(ctx context.Context, name string) (*Queue, error)

@@ -138,6 +138,9 @@ func (c *Client) ListTasks(ctx context.Context, f TaskFilter) (*TaskPage, error)
 	if f.Kind != "" {
 		q.Set("kind", f.Kind)
 	}
+	if f.ConcurrencyKey != "" {
+		q.Set("concurrency_key", f.ConcurrencyKey)
+	}
 	if f.RunID != 0 {
 		q.Set("run_id", strconv.FormatInt(f.RunID, 10))
 	}
@@ -305,7 +308,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 				continue // never reached the server: safe to retry at once
 			}
 		}
-		return 0, fmt.Errorf("sluice: %s %s: %w", method, path, err)
+		return 0, newRequestError(method, path, err)
 	}
 	defer func() {
 		// Drain a little so the connection can be reused.
@@ -332,6 +335,34 @@ type rawBody struct {
 	data        []byte
 	contentType string
 }
+
+// requestError is a request that got no HTTP answer (the server could not
+// be reached, the connection broke, the deadline passed). Its message
+// names the request once, with the URL tried:
+//
+//	sluice: GET http://127.0.0.1:8080/v1/tasks: dial tcp 127.0.0.1:8080: connect: connection refused
+//
+// and it wraps the *url.Error, so errors.As(err, new(*url.Error)),
+// errors.As(err, new(*net.OpError)) and errors.Is(err,
+// syscall.ECONNREFUSED) or context.DeadlineExceeded see through it.
+type requestError struct {
+	method string
+	err    *url.Error // from http.Client.Do
+}
+
+func newRequestError(method, path string, err error) error {
+	ue, ok := err.(*url.Error)
+	if !ok {
+		return fmt.Errorf("sluice: %s %s: %w", method, path, err)
+	}
+	return &requestError{method: method, err: ue}
+}
+
+func (e *requestError) Error() string {
+	return "sluice: " + e.method + " " + e.err.URL + ": " + e.err.Err.Error()
+}
+
+func (e *requestError) Unwrap() error { return e.err }
 
 // isDialError reports whether err means no connection was made, so the
 // server cannot have seen the request.

@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	neturl "net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -377,9 +381,17 @@ func TestClientNetworkError(t *testing.T) {
 	srv.Close()
 	c := NewClient(url)
 	_, err := c.GetTask(t.Context(), 1)
-	require.ErrorContains(t, err, "GET /v1/tasks/1")
+	// The request is named once, with the URL tried.
+	require.EqualError(t, err, "sluice: GET "+url+"/v1/tasks/1: dial tcp "+strings.TrimPrefix(url, "http://")+": connect: connection refused")
 	var e *Error
 	require.False(t, errors.As(err, &e), "a network error is not an API error")
+	// The error wraps what the HTTP client returned.
+	var ue *neturl.Error
+	require.ErrorAs(t, err, &ue)
+	var op *net.OpError
+	require.ErrorAs(t, err, &op)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	require.True(t, isDialError(err))
 }
 
 func TestClientDecodeError(t *testing.T) {

@@ -504,6 +504,9 @@ func (f *fakeBackend) ListTasks(context.Context, TaskFilter) (*TaskPage, error) 
 func (f *fakeBackend) CancelTask(context.Context, int64) (*Task, error) {
 	return nil, errFakeUnimplemented
 }
+func (f *fakeBackend) RetryTask(context.Context, int64) (*Task, error) {
+	return nil, errFakeUnimplemented
+}
 func (f *fakeBackend) PutQueue(context.Context, string, QueueParams) (*Queue, error) {
 	return nil, errFakeUnimplemented
 }

@@ -19,11 +19,16 @@ import (
 type HandlerFunc func(ctx context.Context, t *TaskContext) (json.RawMessage, error)
 
 // TaskContext describes the attempt a HandlerFunc runs. It belongs to the
-// worker: a handler must not keep it after returning.
+// worker: a handler must not keep it after returning. A handler made with
+// Handle, which is not given it, reads it with TaskFromContext.
 type TaskContext struct {
-	ID             int64
-	Kind           string
-	Queue          string
+	ID   int64
+	Kind string
+	// Queue is the task's queue (the kind's name unless the trigger named
+	// another).
+	Queue string
+	// ConcurrencyKey is the task's key within its queue; empty for the
+	// queue's shared sub-queue.
 	ConcurrencyKey string
 	// Attempt is 1 for the first attempt.
 	Attempt     int
@@ -32,14 +37,63 @@ type TaskContext struct {
 	Input json.RawMessage
 	// StartedAt is when the worker started this attempt (local clock).
 	StartedAt time.Time
+	// RunID, Step and Item place a task of a workflow run: its run, its
+	// step's name and, in a fan-out step, the item's index (nil
+	// otherwise). Zero, empty and nil for a task triggered on its own.
+	RunID int64
+	Step  string
+	Item  *int
+}
+
+// taskContextKey is the context key of the *TaskContext a handler runs.
+type taskContextKey struct{}
+
+// TaskFromContext returns the attempt a handler runs, from the context the
+// worker passes it (or one derived from it): its task's id, attempt,
+// queue, concurrency key and, for a task of a workflow run, its run, step
+// and item. ok is false for a context neither a worker nor
+// WithTaskContext made. The TaskContext is the one the handler is given:
+// it must not be kept after the handler returns.
+func TaskFromContext(ctx context.Context) (t *TaskContext, ok bool) {
+	t, ok = ctx.Value(taskContextKey{}).(*TaskContext)
+	return t, ok && t != nil
+}
+
+// WithTaskContext returns a context that carries t for TaskFromContext:
+// for tests of handlers, and for code that calls a HandlerFunc itself.
+// The worker's contexts carry it already.
+func WithTaskContext(ctx context.Context, t *TaskContext) context.Context {
+	return context.WithValue(ctx, taskContextKey{}, t)
+}
+
+// handlerContext is the context a worker passes a handler: ctx, plus its
+// TaskContext for TaskFromContext. Kept in the task's run (taskRun), it
+// costs no allocation, where context.WithValue would cost one a task.
+// (It delegates everything else to ctx, so contexts derived from it
+// still find ctx's cancellation without a goroutine of their own.)
+type handlerContext struct {
+	context.Context
+	tc *TaskContext
+}
+
+func (c *handlerContext) Value(key any) any {
+	if key == (taskContextKey{}) {
+		return c.tc
+	}
+	return c.Context.Value(key)
 }
 
 // Handle adapts a typed function to a HandlerFunc: the task input is decoded
 // from JSON into In and the result is encoded as JSON. A null or absent input
 // decodes to In's zero value. An input that does not decode fails the task
-// without retry, since a later attempt would get the same input.
+// without retry, since a later attempt would get the same input. fn reads
+// the rest of its task (id, attempt, queue, run …) with TaskFromContext.
 func Handle[In, Out any](fn func(ctx context.Context, in In) (Out, error)) HandlerFunc {
 	return func(ctx context.Context, t *TaskContext) (json.RawMessage, error) {
+		if _, ok := TaskFromContext(ctx); !ok {
+			// Called by something other than a worker: fn still finds t.
+			ctx = WithTaskContext(ctx, t)
+		}
 		var in In
 		if len(t.Input) > 0 {
 			if err := json.Unmarshal(t.Input, &in); err != nil {

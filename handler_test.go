@@ -76,3 +76,73 @@ func TestNoRetryRetryAfter(t *testing.T) {
 		require.Equal(t, tc.want, r)
 	}
 }
+
+// The context a worker passes a handler carries its TaskContext, run
+// fields included, for handlers made with Handle; contexts derived from
+// it find it too, and still see the task's cancellation (its timeout).
+func TestTaskFromContext(t *testing.T) {
+	t.Parallel()
+	_, ok := TaskFromContext(t.Context())
+	require.False(t, ok, "a context no worker made")
+
+	f := newFakeBackend()
+	w := newTestWorker(f, WorkerConfig{Slots: 2})
+	type seen struct {
+		tc         TaskContext
+		same       bool
+		timeoutErr error
+	}
+	got := make(chan seen, 2)
+	w.Register("test", Handle(func(ctx context.Context, _ struct{}) (int, error) {
+		tc, ok := TaskFromContext(ctx)
+		if !ok {
+			got <- seen{}
+			return 0, nil
+		}
+		derived, cancel := context.WithCancel(ctx)
+		defer cancel()
+		again, _ := TaskFromContext(derived)
+		var s seen
+		s.tc, s.same = *tc, again == tc
+		if tc.RunID == 0 {
+			<-derived.Done() // the task's timeout cancels what derives from its context
+			s.timeoutErr = context.Cause(derived)
+		}
+		got <- s
+		return 0, nil
+	}))
+	runWorker(t, w)
+	item := 4
+	runTask := f.add(1, ClaimedTask{Queue: "q", ConcurrencyKey: "tenant-1", RunID: 9, Step: "each", Item: &item})[0]
+	plain := f.add(1, ClaimedTask{Timeout: Duration(20 * time.Millisecond)})[0]
+	byID := map[int64]seen{}
+	for range 2 {
+		s := <-got
+		require.NotZero(t, s.tc.ID, "TaskFromContext found nothing")
+		byID[s.tc.ID] = s
+	}
+	r := byID[runTask]
+	require.True(t, r.same)
+	require.Equal(t, "q", r.tc.Queue)
+	require.Equal(t, "tenant-1", r.tc.ConcurrencyKey)
+	require.Equal(t, 1, r.tc.Attempt)
+	require.Equal(t, int64(9), r.tc.RunID)
+	require.Equal(t, "each", r.tc.Step)
+	require.Equal(t, &item, r.tc.Item)
+	p := byID[plain]
+	require.True(t, p.same)
+	require.Zero(t, p.tc.RunID)
+	require.Empty(t, p.tc.Step)
+	require.Nil(t, p.tc.Item)
+	var te *timeoutError
+	require.ErrorAs(t, p.timeoutErr, &te)
+
+	// Called directly, a Handle'd function still finds its TaskContext.
+	h := Handle(func(ctx context.Context, _ struct{}) (int64, error) {
+		tc, _ := TaskFromContext(ctx)
+		return tc.ID, nil
+	})
+	out, err := h(t.Context(), &TaskContext{ID: 42})
+	require.NoError(t, err)
+	require.Equal(t, "42", string(out))
+}

@@ -92,7 +92,9 @@ type StartRunParams struct {
 	// Input is the run's input (the `input` of its expressions). Defaults
 	// to null.
 	Input json.RawMessage `json:"input,omitempty"`
-	// IdempotencyKey makes a re-submission return the existing run.
+	// IdempotencyKey makes a re-submission of the same run (same Workflow
+	// and Input, compared as JSON values) return the existing run; a
+	// different run with the key fails with ErrConflict.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 

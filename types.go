@@ -90,7 +90,9 @@ type TriggerParams struct {
 	// DispatchDeadline, measured from submission: a task not started by then
 	// fails with an error starting "capacity:". Zero means none.
 	DispatchDeadline Duration `json:"dispatch_deadline,omitempty"`
-	// IdempotencyKey makes a re-submission return the existing task.
+	// IdempotencyKey makes a re-submission of the same task (same Kind,
+	// Queue and Input, compared as JSON values) return the existing task;
+	// a different task with the key fails with ErrConflict.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
@@ -128,8 +130,12 @@ type Task struct {
 	StartedAt          *time.Time      `json:"started_at"`
 	FinishedAt         *time.Time      `json:"finished_at"`
 	WorkerID           string          `json:"worker_id,omitempty"`
-	LeaseExpiresAt     *time.Time      `json:"lease_expires_at,omitempty"`
-	CancelRequested    bool            `json:"cancel_requested,omitempty"`
+	// WorkerName is the name the worker holding the task registered
+	// with (its id if it gave none; the Go worker's defaults to
+	// host-pid); empty when no worker holds the task or it is gone.
+	WorkerName      string     `json:"worker_name,omitempty"`
+	LeaseExpiresAt  *time.Time `json:"lease_expires_at,omitempty"`
+	CancelRequested bool       `json:"cancel_requested,omitempty"`
 	// PausedFrom is the state a paused task returns to on resume.
 	PausedFrom TaskState `json:"paused_from,omitempty"`
 	// After is the running task a reserved task follows (state reserved).
@@ -161,6 +167,9 @@ type TaskFilter struct {
 	State TaskState
 	Queue string
 	Kind  string
+	// ConcurrencyKey selects the tasks of one concurrency key (one
+	// sub-queue per queue); empty selects every key.
+	ConcurrencyKey string
 	// RunID selects the tasks of one workflow run.
 	RunID int64
 	// Limit defaults to 100, at most 1000.

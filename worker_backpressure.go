@@ -34,7 +34,8 @@ const (
 	latencyWindow = 1000
 )
 
-// Backpressure reasons, as in the worker_backpressure_active{reason} metric.
+// Backpressure reasons, as in the sluice_worker_backpressure_active{reason}
+// metric.
 const (
 	reasonMemory  = "memory"
 	reasonLatency = "latency"

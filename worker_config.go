@@ -66,13 +66,18 @@ type WorkerConfig struct {
 	// Zero, the default, never stops for idleness.
 	MaxIdle time.Duration
 	// Registerer receives the worker's Prometheus metrics while Run runs:
-	// worker_in_flight_tasks, worker_tasks_completed_total{kind,
-	// outcome}, worker_task_duration_seconds{kind}, worker_claims_total,
-	// worker_claim_size, worker_claim_size_limit, worker_slots,
-	// worker_memory_used_ratio, worker_task_latency_p99_seconds and
-	// worker_backpressure_active{reason}. Nil, the default, means no
-	// metrics. Workers sharing a registry must each wrap it with
-	// prometheus.WrapRegistererWith and a distinct label.
+	// sluice_worker_in_flight_tasks,
+	// sluice_worker_tasks_completed_total{kind, outcome},
+	// sluice_worker_task_duration_seconds{kind},
+	// sluice_worker_claims_total, sluice_worker_claim_size,
+	// sluice_worker_claim_size_limit, sluice_worker_slots,
+	// sluice_worker_memory_used_ratio,
+	// sluice_worker_task_latency_p99_seconds and
+	// sluice_worker_backpressure_active{reason}; each also under its
+	// deprecated alias without the sluice_ prefix (worker_slots, …),
+	// with the same values, until a later version removes them. Nil, the
+	// default, means no metrics. Workers sharing a registry must each
+	// wrap it with prometheus.WrapRegistererWith and a distinct label.
 	Registerer prometheus.Registerer
 	// NoHandover registers the worker without RegisterWorkerParams.Handover:
 	// it is then never handed a reserved successor, and a task of a queue

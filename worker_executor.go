@@ -185,7 +185,8 @@ func (e *executor) call(ctx context.Context, tr *taskRun, h HandlerFunc) (out js
 			out, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
-	return h(ctx, &tr.tc)
+	tr.hctx = handlerContext{Context: ctx, tc: &tr.tc} // for TaskFromContext
+	return h(&tr.hctx, &tr.tc)
 }
 
 // wait waits up to d for every task goroutine to end.

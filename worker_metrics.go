@@ -13,6 +13,16 @@ import (
 // only counters and a histogram resolved per kind when Run starts: no label
 // lookup, no map under a shared lock. Gauges are read at scrape time from
 // the worker's own atomics, so they cost nothing per task.
+//
+// Their names start with sluice_, as the server's do
+// (sluice_worker_in_flight_tasks). The names without the prefix, those of
+// earlier versions, stay as deprecated aliases until a later version
+// removes them: withAliases re-emits each metric gathered under its old
+// name at scrape time, with the same value read once, so the per-task
+// path does not pay twice.
+
+// metricsNamespace prefixes the worker's metric names.
+const metricsNamespace = "sluice"
 
 // Outcomes of worker_tasks_completed_total. A task released unfinished at
 // shutdown is not counted: it did not complete here and will run again.
@@ -54,69 +64,82 @@ type kindMetrics struct {
 // nothing stays registered.
 func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, error) {
 	m := &workerMetrics{reg: reg}
-	m.completed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "worker_tasks_completed_total",
-		Help: "Task attempts that ended on this worker, by kind and outcome (succeeded, failed, cancelled, lost, timeout).",
-	}, []string{"kind", "outcome"})
-	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "worker_task_duration_seconds",
-		Help:    "Handler run time of task attempts, by kind.",
-		Buckets: taskDurationBuckets,
-	}, []string{"kind"})
-	m.claims = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "worker_claims_total",
-		Help: "Claim calls that returned (with or without tasks).",
-	})
-	m.claimSize = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "worker_claim_size",
-		Help:    "Tasks received to run per claim call (reserved successors, which take no slot, not counted).",
-		Buckets: claimSizeBuckets,
-	})
+	all := newWithAliases()
+	completedOpts := prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "worker_tasks_completed_total",
+		Help:      "Task attempts that ended on this worker, by kind and outcome (succeeded, failed, cancelled, lost, timeout).",
+	}
+	m.completed = prometheus.NewCounterVec(completedOpts, []string{"kind", "outcome"})
+	all.add(m.completed, prometheus.Opts(completedOpts), "kind", "outcome")
+	durationOpts := prometheus.HistogramOpts{
+		Namespace: metricsNamespace,
+		Name:      "worker_task_duration_seconds",
+		Help:      "Handler run time of task attempts, by kind.",
+		Buckets:   taskDurationBuckets,
+	}
+	m.duration = prometheus.NewHistogramVec(durationOpts, []string{"kind"})
+	all.add(m.duration, prometheus.Opts{Name: durationOpts.Name, Help: durationOpts.Help}, "kind")
+	claimsOpts := prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Name:      "worker_claims_total",
+		Help:      "Claim calls that returned (with or without tasks).",
+	}
+	m.claims = prometheus.NewCounter(claimsOpts)
+	all.add(m.claims, prometheus.Opts(claimsOpts))
+	claimSizeOpts := prometheus.HistogramOpts{
+		Namespace: metricsNamespace,
+		Name:      "worker_claim_size",
+		Help:      "Tasks received to run per claim call (reserved successors, which take no slot, not counted).",
+		Buckets:   claimSizeBuckets,
+	}
+	m.claimSize = prometheus.NewHistogram(claimSizeOpts)
+	all.add(m.claimSize, prometheus.Opts{Name: claimSizeOpts.Name, Help: claimSizeOpts.Help})
 	bp := w.bp
 	slots := float64(w.cfg.Slots)
-	gauges := []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "worker_in_flight_tasks",
-			Help: "Tasks holding a slot of this worker (claimed and not yet finished).",
-		}, func() float64 { return slots - float64(w.prod.free.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "worker_slots",
-			Help: "Most tasks this worker runs at once.",
-		}, func() float64 { return slots }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "worker_claim_size_limit",
-			Help: "Most tasks the next claim may ask for: the claim batch, halved by backpressure.",
-		}, func() float64 { return float64(bp.limit.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "worker_memory_used_ratio",
-			Help: "Memory use over the cgroup limit (or process RSS over machine memory) at the last sample.",
-		}, bp.memoryRatio),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "worker_task_latency_p99_seconds",
-			Help: "99th percentile duration of the last 1000 tasks, at the last sample.",
-		}, func() float64 { return bp.p99Latency().Seconds() }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name:        "worker_backpressure_active",
-			Help:        "1 while the claim size is reduced for this reason.",
-			ConstLabels: prometheus.Labels{"reason": reasonMemory},
-		}, func() float64 { return b2f(bp.memOn.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name:        "worker_backpressure_active",
-			Help:        "1 while the claim size is reduced for this reason.",
-			ConstLabels: prometheus.Labels{"reason": reasonLatency},
-		}, func() float64 { return b2f(bp.latOn.Load()) }),
+	gauge := func(opts prometheus.GaugeOpts, f func() float64) {
+		opts.Namespace = metricsNamespace
+		all.add(prometheus.NewGaugeFunc(opts, f), prometheus.Opts(opts))
 	}
-	for _, c := range append([]prometheus.Collector{m.completed, m.duration, m.claims, m.claimSize}, gauges...) {
-		if err := reg.Register(c); err != nil {
-			m.unregister()
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				return nil, fmt.Errorf("registering worker metrics: %w (workers sharing a registry must each wrap it with prometheus.WrapRegistererWith and a distinct label)", err)
-			}
-			return nil, fmt.Errorf("registering worker metrics: %w", err)
+	gauge(prometheus.GaugeOpts{
+		Name: "worker_in_flight_tasks",
+		Help: "Tasks holding a slot of this worker (claimed and not yet finished).",
+	}, func() float64 { return slots - float64(w.prod.free.Load()) })
+	gauge(prometheus.GaugeOpts{
+		Name: "worker_slots",
+		Help: "Most tasks this worker runs at once.",
+	}, func() float64 { return slots })
+	gauge(prometheus.GaugeOpts{
+		Name: "worker_claim_size_limit",
+		Help: "Most tasks the next claim may ask for: the claim batch, halved by backpressure.",
+	}, func() float64 { return float64(bp.limit.Load()) })
+	gauge(prometheus.GaugeOpts{
+		Name: "worker_memory_used_ratio",
+		Help: "Memory use over the cgroup limit (or process RSS over machine memory) at the last sample.",
+	}, bp.memoryRatio)
+	gauge(prometheus.GaugeOpts{
+		Name: "worker_task_latency_p99_seconds",
+		Help: "99th percentile duration of the last 1000 tasks, at the last sample.",
+	}, func() float64 { return bp.p99Latency().Seconds() })
+	gauge(prometheus.GaugeOpts{
+		Name:        "worker_backpressure_active",
+		Help:        "1 while the claim size is reduced for this reason.",
+		ConstLabels: prometheus.Labels{"reason": reasonMemory},
+	}, func() float64 { return b2f(bp.memOn.Load()) })
+	gauge(prometheus.GaugeOpts{
+		Name:        "worker_backpressure_active",
+		Help:        "1 while the claim size is reduced for this reason.",
+		ConstLabels: prometheus.Labels{"reason": reasonLatency},
+	}, func() float64 { return b2f(bp.latOn.Load()) })
+	// One collector for all: registered whole or not at all.
+	if err := reg.Register(all); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			return nil, fmt.Errorf("registering worker metrics: %w (workers sharing a registry must each wrap it with prometheus.WrapRegistererWith and a distinct label)", err)
 		}
-		m.registered = append(m.registered, c)
+		return nil, fmt.Errorf("registering worker metrics: %w", err)
 	}
+	m.registered = append(m.registered, all)
 	return m, nil
 }
 

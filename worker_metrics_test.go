@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,49 +118,50 @@ func TestWorkerMetrics(t *testing.T) {
 	require.Eventually(t, func() bool {
 		fams, text = scrape(t, reg)
 		for _, c := range want {
-			if v, ok := value(fams["worker_tasks_completed_total"], c.labels); !ok || v != c.v {
+			if v, ok := value(fams["sluice_worker_tasks_completed_total"], c.labels); !ok || v != c.v {
 				return false
 			}
 		}
-		inFlight, _ := value(fams["worker_in_flight_tasks"], nil)
+		inFlight, _ := value(fams["sluice_worker_in_flight_tasks"], nil)
 		return inFlight == 1
 	}, waitFor, tick)
 
 	types := map[string]dto.MetricType{
-		"worker_in_flight_tasks":          dto.MetricType_GAUGE,
-		"worker_slots":                    dto.MetricType_GAUGE,
-		"worker_tasks_completed_total":    dto.MetricType_COUNTER,
-		"worker_task_duration_seconds":    dto.MetricType_HISTOGRAM,
-		"worker_claims_total":             dto.MetricType_COUNTER,
-		"worker_claim_size":               dto.MetricType_HISTOGRAM,
-		"worker_claim_size_limit":         dto.MetricType_GAUGE,
-		"worker_memory_used_ratio":        dto.MetricType_GAUGE,
-		"worker_task_latency_p99_seconds": dto.MetricType_GAUGE,
-		"worker_backpressure_active":      dto.MetricType_GAUGE,
+		"sluice_worker_in_flight_tasks":          dto.MetricType_GAUGE,
+		"sluice_worker_slots":                    dto.MetricType_GAUGE,
+		"sluice_worker_tasks_completed_total":    dto.MetricType_COUNTER,
+		"sluice_worker_task_duration_seconds":    dto.MetricType_HISTOGRAM,
+		"sluice_worker_claims_total":             dto.MetricType_COUNTER,
+		"sluice_worker_claim_size":               dto.MetricType_HISTOGRAM,
+		"sluice_worker_claim_size_limit":         dto.MetricType_GAUGE,
+		"sluice_worker_memory_used_ratio":        dto.MetricType_GAUGE,
+		"sluice_worker_task_latency_p99_seconds": dto.MetricType_GAUGE,
+		"sluice_worker_backpressure_active":      dto.MetricType_GAUGE,
 	}
 	for name, typ := range types {
 		require.Contains(t, fams, name)
 		require.Equal(t, typ, fams[name].GetType(), name)
 		require.NotEmpty(t, fams[name].GetHelp(), name)
+		requireAlias(t, fams, name)
 	}
-	require.Len(t, fams, len(types), "only the worker's metrics on this registry")
+	require.Len(t, fams, 2*len(types), "only the worker's metrics and their aliases on this registry")
 
-	slots, _ := value(fams["worker_slots"], nil)
+	slots, _ := value(fams["sluice_worker_slots"], nil)
 	require.Equal(t, 10.0, slots)
-	okRuns, _ := value(fams["worker_task_duration_seconds"], map[string]string{"kind": "ok"})
+	okRuns, _ := value(fams["sluice_worker_task_duration_seconds"], map[string]string{"kind": "ok"})
 	require.Equal(t, 3.0, okRuns)
-	blockRuns, _ := value(fams["worker_task_duration_seconds"], map[string]string{"kind": "block"})
+	blockRuns, _ := value(fams["sluice_worker_task_duration_seconds"], map[string]string{"kind": "block"})
 	require.Equal(t, 3.0, blockRuns)
-	claims, _ := value(fams["worker_claims_total"], nil)
-	claimed, _ := value(fams["worker_claim_size"], nil)
+	claims, _ := value(fams["sluice_worker_claims_total"], nil)
+	claimed, _ := value(fams["sluice_worker_claim_size"], nil)
 	require.Equal(t, claims, claimed, "one claim_size observation per claim")
 	require.GreaterOrEqual(t, claims, 1.0)
-	limit, _ := value(fams["worker_claim_size_limit"], nil)
+	limit, _ := value(fams["sluice_worker_claim_size_limit"], nil)
 	require.Equal(t, float64(DefaultClaimBatch), limit)
-	mem, _ := value(fams["worker_memory_used_ratio"], nil)
+	mem, _ := value(fams["sluice_worker_memory_used_ratio"], nil)
 	require.Equal(t, 0.5, mem)
 	for _, reason := range []string{"memory", "latency"} {
-		v, ok := value(fams["worker_backpressure_active"], map[string]string{"reason": reason})
+		v, ok := value(fams["sluice_worker_backpressure_active"], map[string]string{"reason": reason})
 		require.True(t, ok, reason)
 		require.Zero(t, v, reason)
 	}
@@ -176,6 +179,86 @@ func TestWorkerMetrics(t *testing.T) {
 	after, err := reg.Gather()
 	require.NoError(t, err)
 	require.Empty(t, after, "Run unregisters its metrics when it returns")
+}
+
+// requireAlias checks that the deprecated alias of metric name (the name
+// without "sluice_") was scraped with the same type, labels and values.
+func requireAlias(t *testing.T, fams map[string]*dto.MetricFamily, name string) {
+	t.Helper()
+	alias := strings.TrimPrefix(name, "sluice_")
+	require.NotEqual(t, name, alias)
+	require.Contains(t, fams, alias, "the alias of %s", name)
+	require.Equal(t, fams[name].GetType(), fams[alias].GetType(), alias)
+	require.Equal(t, fams[name].GetHelp()+" Deprecated alias of "+name+", removed in a later version.", fams[alias].GetHelp())
+	want, got := fams[name].GetMetric(), fams[alias].GetMetric()
+	require.Len(t, got, len(want), alias)
+	for i := range want {
+		require.Equal(t, sample(want[i]), sample(got[i]), "%s, want as %s", alias, name)
+	}
+}
+
+// sample is what a scrape says of one metric: its labels and values.
+func sample(m *dto.Metric) string {
+	var b strings.Builder
+	for _, l := range m.GetLabel() {
+		fmt.Fprintf(&b, "%s=%q ", l.GetName(), l.GetValue())
+	}
+	switch {
+	case m.Counter != nil:
+		fmt.Fprintf(&b, "counter %v", m.GetCounter().GetValue())
+	case m.Gauge != nil:
+		fmt.Fprintf(&b, "gauge %v", m.GetGauge().GetValue())
+	case m.Histogram != nil:
+		h := m.GetHistogram()
+		fmt.Fprintf(&b, "histogram count %d sum %v", h.GetSampleCount(), h.GetSampleSum())
+		for _, bk := range h.GetBucket() {
+			fmt.Fprintf(&b, " le=%v:%d", bk.GetUpperBound(), bk.GetCumulativeCount())
+		}
+	default:
+		fmt.Fprintf(&b, "untyped %v", m.GetUntyped().GetValue())
+	}
+	return b.String()
+}
+
+// TestWorkerMetricsAliasesAgree: while tasks finish, every scrape shows
+// each metric and its alias with the same values (each is read once), and
+// a pedantic registry finds the descriptors consistent.
+func TestWorkerMetricsAliasesAgree(t *testing.T) {
+	t.Parallel()
+	f := newFakeBackend()
+	reg := prometheus.NewPedanticRegistry()
+	w := newTestWorker(f, WorkerConfig{Slots: 50, Registerer: reg, MemoryUsage: func() (float64, error) { return 0.25, nil }})
+	w.Register("ok", noop)
+	stop := runWorker(t, w)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			f.add(25, ClaimedTask{Kind: "ok"})
+		}
+	}()
+	scrapeAgree := func() map[string]*dto.MetricFamily {
+		fams, _ := scrape(t, reg)
+		for name := range fams {
+			if strings.HasPrefix(name, "sluice_") {
+				requireAlias(t, fams, name)
+			}
+		}
+		return fams
+	}
+	for finished := false; !finished; {
+		select {
+		case <-done:
+			finished = true
+		default:
+		}
+		scrapeAgree()
+	}
+	<-f.resultsReached(500)
+	fams := scrapeAgree()
+	v, _ := value(fams["worker_tasks_completed_total"], map[string]string{"kind": "ok", "outcome": "succeeded"})
+	require.Equal(t, 500.0, v)
+	require.NoError(t, stop())
 }
 
 // TestWorkerMetricsRegisterConflict: a second worker on the same registry
@@ -205,5 +288,7 @@ func TestWorkerMetricsRegisterConflict(t *testing.T) {
 		require.Eventually(t, func() bool { return w.ID() != "" }, waitFor, tick)
 	}
 	fams, _ := scrape(t, shared)
-	require.Len(t, fams["worker_slots"].GetMetric(), 2)
+	require.Len(t, fams["sluice_worker_slots"].GetMetric(), 2)
+	require.Len(t, fams["worker_slots"].GetMetric(), 2, "the aliases carry the wrapping labels too")
+	requireAlias(t, fams, "sluice_worker_slots")
 }

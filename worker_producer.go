@@ -191,7 +191,7 @@ func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, laun
 		tr := &runs[i]
 		tr.inc = in
 		tr.tc = TaskContext{ID: ct.ID, Kind: ct.Kind, Queue: ct.Queue, ConcurrencyKey: ct.ConcurrencyKey,
-			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input}
+			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input, RunID: ct.RunID, Step: ct.Step, Item: ct.Item}
 		tr.timeout = ct.Timeout.D()
 		if ct.After != 0 {
 			attached, now := w.chains.attachLocked(tr, ct.After, launch)

@@ -29,6 +29,7 @@ const (
 type taskRun struct {
 	inc     *incarnation // the registration whose call brought it
 	tc      TaskContext
+	hctx    handlerContext // the context its handler gets (executor.call)
 	timeout time.Duration
 	state   atomic.Int32
 	ctx     context.Context

@@ -626,7 +626,7 @@ func TestWorkerResults(t *testing.T) {
 				tc.StartedAt = time.Time{}
 				return json.Marshal(tc)
 			},
-			want: TaskResult{Output: json.RawMessage(`{"ID":1,"Kind":"test","Queue":"q","ConcurrencyKey":"k","Attempt":2,"MaxAttempts":5,"Input":[1],"StartedAt":"0001-01-01T00:00:00Z"}`)},
+			want: TaskResult{Output: json.RawMessage(`{"ID":1,"Kind":"test","Queue":"q","ConcurrencyKey":"k","Attempt":2,"MaxAttempts":5,"Input":[1],"StartedAt":"0001-01-01T00:00:00Z","RunID":0,"Step":"","Item":null}`)},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -74,6 +74,12 @@ type ClaimedTask struct {
 	// does not hold After any more it releases this task. Attempt is the
 	// attempt it will run as; StartedAt is zero.
 	After int64 `json:"after,omitempty"`
+	// RunID, Step and Item place a task of a workflow run: its run, its
+	// step's name and, in a fan-out step, the item's index (nil
+	// otherwise). Zero, empty and nil for a task triggered on its own.
+	RunID int64  `json:"run_id,omitempty"`
+	Step  string `json:"step,omitempty"`
+	Item  *int   `json:"item,omitempty"`
 }
 
 // ClaimResult answers a claim.

@@ -6,7 +6,9 @@ package server
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +19,13 @@ import (
 type Config struct {
 	// Addr is the HTTP listen address. Defaults to "127.0.0.1:8080".
 	Addr string
+	// MetricsAddr, when set, is a second listen address ("host:port")
+	// that serves GET /metrics without a token (ListenAndServe;
+	// ListenMetrics and ServeMetrics for a program that binds its own),
+	// for a Prometheus on a private network. Bind it to an address only
+	// that network reaches. Empty (the default): metrics only at /metrics
+	// on Addr, behind the admin token.
+	MetricsAddr string
 	// DB is the database URL: "sqlite:PATH" (or "sqlite::memory:"), or
 	// "postgres://…" / "postgresql://…" for PostgreSQL, which several
 	// replicas can share (docs/postgres.md). Defaults to "sqlite:sluice.db".
@@ -110,6 +119,10 @@ func (c Config) Validate() error {
 	switch {
 	case !strings.HasPrefix(c.DB, "sqlite:") && !isPostgres(c.DB):
 		return errBadDB(c.DB)
+	case c.MetricsAddr != "" && !validHostPort(c.MetricsAddr):
+		return fmt.Errorf("metrics-addr: want HOST:PORT (127.0.0.1:9464, or :9464 for every interface), got %q", c.MetricsAddr)
+	case c.MetricsAddr != "" && c.MetricsAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0"):
+		return fmt.Errorf("metrics-addr: must differ from addr (%s): the API serves /metrics there already, behind the admin token", c.Addr)
 	case c.MaxRunning < 0:
 		return fmt.Errorf("max-running: must be ≥ 0 (0 = unlimited), got %d", c.MaxRunning)
 	case c.MaxActive < 0:
@@ -132,6 +145,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker-token: must differ from admin-token")
 	}
 	return c.engineConfig().WithDefaults().Validate()
+}
+
+// validHostPort reports whether s is HOST:PORT with a port number.
+func validHostPort(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
 }
 
 func validHookURL(s string) bool {

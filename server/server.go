@@ -94,15 +94,22 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // sweeps, the scheduler and deadline checks).
 func (s *Server) Start(ctx context.Context) error { return s.eng.Start(ctx) }
 
-// ListenAndServe serves the HTTP API on cfg.Addr until ctx is done, then shuts
-// down gracefully. ready, if not nil, receives the base URL ("http://host:port")
-// once listening (useful with Addr "127.0.0.1:0").
+// ListenAndServe serves the HTTP API on cfg.Addr, and /metrics without a
+// token on cfg.MetricsAddr when it is set (ServeWithMetrics), until ctx is
+// done, then shuts down gracefully. ready, if not nil, receives the base
+// URL ("http://host:port") once listening (useful with Addr
+// "127.0.0.1:0").
 func (s *Server) ListenAndServe(ctx context.Context, ready chan<- string) error {
 	ln, err := Listen(ctx, s.cfg.Addr)
 	if err != nil {
 		return err
 	}
-	return s.Serve(ctx, ln, ready)
+	mln, err := s.listenMetrics(ctx)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	return s.ServeWithMetrics(ctx, ln, mln, ready)
 }
 
 // Listen binds the TCP address addr ("host:port"; port 0 picks a free one)

@@ -110,6 +110,7 @@ func (a *app) configError(err error) error {
 // `sluice server` and `sluice dev`.
 type serverFlags struct {
 	addr          string
+	metricsAddr   string
 	db            string
 	adminToken    string
 	workerToken   string
@@ -142,6 +143,7 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 	d := server.Config{}.WithDefaults()
 	defaultDB := cmp.Or(over.db, d.DB)
 	fs.StringVar(&f.addr, "addr", d.Addr, "HTTP listen address HOST:PORT (port 0 picks a free port)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "also serve GET /metrics WITHOUT a token at http://HOST:PORT/metrics, for a private network (empty = off; /metrics on --addr needs the admin token)")
 	fs.StringVar(&f.db, "db", defaultDB, "database URL: sqlite:PATH, sqlite::memory: or postgres://USER@HOST:PORT/DB (several servers may share one PostgreSQL)")
 	if withAuth {
 		fs.StringVar(&f.adminToken, "admin-token", "", "bearer token for the whole API (required)")
@@ -166,6 +168,7 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 func (a *app) serverConfig(f *serverFlags, logger *slog.Logger, authDisabled bool) (server.Config, error) {
 	cfg := server.Config{
 		Addr:                f.addr,
+		MetricsAddr:         f.metricsAddr,
 		DB:                  f.db,
 		AdminToken:          f.adminToken,
 		WorkerToken:         f.workerToken,

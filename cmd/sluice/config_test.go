@@ -364,7 +364,7 @@ func TestOptInt(t *testing.T) {
 	if err := o.Set("none"); err != nil || o.v != nil || o.String() != "none" {
 		t.Fatalf("Set(none): %v %+v", err, o)
 	}
-	for _, bad := range []string{"-1", "x", "", "1.5"} {
+	for _, bad := range []string{"0", "-1", "x", "", "1.5"} {
 		if err := o.Set(bad); err == nil {
 			t.Fatalf("Set(%q) accepted", bad)
 		}

@@ -145,7 +145,7 @@ func TestCLIAgainstServer(t *testing.T) {
 		compact(t, task.Input) != `{"n":1}` {
 		t.Fatalf("enqueue: %+v", task)
 	}
-	stdout, stderr, code := cli(t, env, "enqueue", "echo", "--queue", "emails", "--idempotency-key", "k1", "-o", "json")
+	stdout, stderr, code := cli(t, env, "enqueue", "echo", "--input", `{ "n": 1 }`, "--queue", "emails", "--idempotency-key", "k1", "-o", "json")
 	if code != 0 || !strings.Contains(stderr, "matched existing task") || !strings.Contains(stdout, `"id": `+strconv.FormatInt(task.ID, 10)) {
 		t.Fatalf("enqueue with the same idempotency key: exit %d\n%s%s", code, stdout, stderr)
 	}

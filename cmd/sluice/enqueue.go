@@ -97,7 +97,7 @@ task did not succeed.`,
 	fs.StringVar(&f.runAt, "run-at", "", "do not start before this RFC 3339 time (2030-01-02T15:04:05Z)")
 	fs.DurationVar(&f.delay, "delay", 0, "do not start before now + this duration")
 	fs.DurationVar(&f.dispatchDeadline, "dispatch-deadline", 0, "fail the task with a capacity: error if not started this long after submission (0 = none)")
-	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "re-submitting with the same key returns the existing task")
+	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "re-submitting the same task with the same key returns the existing task; another kind, queue or input with the key is refused (conflict)")
 	fs.BoolVar(&f.wait, "wait", false, "wait until the task ends, showing progress; exit 1 unless it succeeded")
 	return cmd
 }
@@ -186,6 +186,11 @@ func (a *app) waitTask(ctx context.Context, b sluice.Backend, task *sluice.Task)
 	}
 }
 
+// progressLine is a task's state, what it waits for or is doing, and its
+// error. An explanation that already quotes the error (a task backing
+// off: "… after attempt 1/3 failed: ERR") is not followed by it again.
+// The error of a task that is not finished is an earlier attempt's, and
+// says so.
 func progressLine(t *sluice.Task) string {
 	s := fmt.Sprintf("task %d %s", t.ID, t.State)
 	switch {
@@ -194,8 +199,12 @@ func progressLine(t *sluice.Task) string {
 	case t.Attempt > 0:
 		s += fmt.Sprintf(" (attempt %d/%d)", t.Attempt, t.MaxAttempts)
 	}
-	if t.Error != "" {
+	switch {
+	case t.Error == "" || strings.Contains(t.Explain, t.Error) && !t.State.Terminal():
+	case t.State.Terminal():
 		s += ": " + truncate(t.Error, 120)
+	default:
+		s += " (last error: " + truncate(t.Error, 120) + ")"
 	}
 	return s
 }

@@ -125,7 +125,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"enqueue", "echo", "--nope"}, "unknown flag: --nope"},
 		{[]string{"queues", "set", "q"}, "give --concurrency-limit, --max-backlog and/or --handover"},
 		{[]string{"queues", "set", "q", "--handover", "yes"}, "want on or off"},
-		{[]string{"queues", "set", "q", "--concurrency-limit", "-3"}, "want a non-negative integer or none"},
+		{[]string{"queues", "set", "q", "--concurrency-limit", "-3"}, "want an integer ≥ 1, or none"},
 		{[]string{"queues", "-o", "yaml"}, "--output: want table or json"},
 		{[]string{"workers", "--server", "localhost:8080"}, "--server: want http:// or https:// URLs"},
 		{[]string{"bench", "--db", "mysql://x"}, `--db: want empty (SQLite) or a postgres:// URL`},

@@ -21,7 +21,7 @@ runs with --no-migrate; run this before starting servers that do.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			applied, err := server.Migrate(cmd.Context(), db)
 			if err != nil {
-				return fmt.Errorf("migrating %s: %w", db, err)
+				return fmt.Errorf("migrating %s: %w", server.Config{DB: db}.RedactedDB(), err)
 			}
 			if len(applied) == 0 {
 				fmt.Fprintln(a.stdout, "no pending migrations: the database is up to date")

@@ -85,7 +85,8 @@ on).`,
 		Short: "Set a queue's concurrency limit, backlog ceiling and handover (creates the queue)",
 		Long: `Set a queue's concurrency limit, backlog ceiling and handover, creating the
 queue if it does not exist. A setting not given keeps its current value;
-"none" removes a limit (unbounded).
+"none" removes a limit (unbounded). A limit is at least 1: 0 is refused,
+here and by the server (to run nothing, pause the queue).
 
 --concurrency-limit caps the running tasks of each sub-queue (each
 concurrency key value has its own); --max-backlog caps the unfinished tasks
@@ -136,8 +137,8 @@ started with --no-handover. Off by default.`,
 			return a.printQueue(&c, q)
 		},
 	}
-	set.Flags().Var(&limit, "concurrency-limit", "most running tasks per sub-queue (N ≥ 1), or none")
-	set.Flags().Var(&backlog, "max-backlog", "most unfinished tasks in the queue (N ≥ 1), or none")
+	set.Flags().Var(&limit, "concurrency-limit", "most running tasks per sub-queue: N ≥ 1, or none (unbounded); 0 is refused (pause the queue to run nothing)")
+	set.Flags().Var(&backlog, "max-backlog", "most unfinished tasks in the queue: N ≥ 1, or none (unbounded); 0 is refused")
 	set.Flags().Var(&handover, "handover", "start each task's successor on its slot with no round trip while the sub-queue is full: on or off")
 
 	pause := &cobra.Command{
@@ -218,7 +219,10 @@ func queueLimit(q *sluice.Queue) string {
 	}
 }
 
-// optInt is a flag value that is a non-negative integer or "none" (nil).
+// optInt is a flag value that is a limit, an integer ≥ 1, or "none" (nil,
+// unbounded). 0 is refused as the server refuses it
+// (validate.QueueParams): it is not "no limit", and a queue that must run
+// nothing is paused instead.
 type optInt struct {
 	set bool
 	v   *int
@@ -241,8 +245,11 @@ func (o *optInt) Set(s string) error {
 		return nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return fmt.Errorf("want a non-negative integer or none, got %q", s)
+	if err == nil && n == 0 {
+		return fmt.Errorf("0 is not a limit: want N ≥ 1, or none for unbounded (to run nothing, pause the queue: sluice queues pause NAME)")
+	}
+	if err != nil || n < 1 {
+		return fmt.Errorf("want an integer ≥ 1, or none for unbounded, got %q", s)
 	}
 	o.v = &n
 	return nil

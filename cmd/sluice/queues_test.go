@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
@@ -100,6 +101,31 @@ func TestQueueLimit(t *testing.T) {
 		if got := queueLimit(&tc.q); got != tc.want {
 			t.Errorf("queueLimit(limit %v, keyed %v) = %q, want %q", tc.q.ConcurrencyLimit, tc.q.Keyed, got, tc.want)
 		}
+	}
+}
+
+// TestConcurrencyLimitZero: the CLI, its help and the server agree that a
+// limit is at least 1 and that 0 is refused, not read as "no limit".
+func TestConcurrencyLimitZero(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, server.Config{})
+	env := map[string]string{"SLUICE_SERVER": url, "SLUICE_TOKEN": e2eAdminToken}
+
+	for _, flag := range []string{"--concurrency-limit", "--max-backlog"} {
+		cliFail(t, env, 2, "0 is not a limit: want N ≥ 1, or none for unbounded", "queues", "set", "q", flag, "0")
+	}
+	help, _, code := cli(t, nil, "queues", "set", "--help")
+	if code != 0 || !strings.Contains(help, "N ≥ 1, or none (unbounded); 0 is refused") {
+		t.Fatalf("queues set --help (exit %d) does not say 0 is refused:\n%s", code, help)
+	}
+	zero := 0
+	_, err := sluice.NewClient(url, sluice.WithToken(e2eAdminToken)).PutQueue(t.Context(), "q", sluice.QueueParams{ConcurrencyLimit: &zero})
+	if !errors.Is(err, sluice.ErrInvalid) || !strings.Contains(err.Error(), "concurrency_limit: must be ≥ 1") {
+		t.Fatalf("the server took a limit of 0: %v", err)
+	}
+	q := cliJSON[sluice.Queue](t, env, "queues", "set", "q", "--concurrency-limit", "1")
+	if q.ConcurrencyLimit == nil || *q.ConcurrencyLimit != 1 {
+		t.Fatalf("queues set --concurrency-limit 1: %+v", q)
 	}
 }
 

@@ -56,11 +56,11 @@ func (a *app) run(ctx context.Context, args []string) int {
 // execute runs root with args; see run.
 func (a *app) execute(ctx context.Context, root *cobra.Command, args []string) int {
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(a.stderr, "error: %s\n", err)
+	fmt.Fprintf(a.stderr, "error: %s\n", a.explain(cmd, err))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return 2

@@ -104,7 +104,7 @@ run succeeded. --timeout stops waiting (the run goes on) and exits 1.`,
 	fs.StringVar(&f.input, "input", "", "run input as JSON (default null)")
 	fs.StringVar(&f.inputFile, "input-file", "", "read the run input (JSON) from this file; - reads standard input")
 	fs.IntVar(&f.version, "version", 0, "workflow version to run (default: the latest)")
-	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "starting again with the same key returns the existing run")
+	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "starting the same run again with the same key returns the existing run; another workflow or input with the key is refused (conflict)")
 	fs.BoolVar(&f.wait, "wait", false, "wait until the run ends, showing progress; exit 1 unless it succeeded")
 	fs.DurationVar(&f.timeout, "timeout", 0, "with --wait: stop waiting after this long and exit 1; the run goes on (0 = no limit)")
 	return cmd

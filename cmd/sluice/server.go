@@ -37,6 +37,9 @@ func (a *app) serverCmd(serve func(ctx context.Context, cfg server.Config) error
 
 Workers connect over HTTP (sluice worker, or the Go SDK). Auth is required:
 --admin-token guards the whole API, --worker-token only the worker protocol.
+GET /metrics needs the admin token too; --metrics-addr serves it on a second
+address without a token, for a Prometheus on a private network: bind that
+address only where that network reaches.
 
 The server binds --addr before it opens the database and applies
 migrations: an address in use fails at once without touching the database,
@@ -82,26 +85,44 @@ func (a *app) serve(ctx context.Context, cfg server.Config, onReady func(url str
 	if err != nil {
 		return fmt.Errorf("opening server: %w", err)
 	}
+	// The metrics address too is bound before the database is touched.
+	var mln net.Listener
+	if cfg.MetricsAddr != "" {
+		if mln, err = server.ListenMetrics(ctx, cfg.MetricsAddr); err != nil {
+			ln.Close()
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fmt.Errorf("opening server: %w (choose another --metrics-addr)", err)
+			}
+			return fmt.Errorf("opening server: %w", err)
+		}
+	}
 	srv, err := server.Open(ctx, cfg)
 	if err != nil {
 		ln.Close()
+		if mln != nil {
+			mln.Close()
+		}
 		return fmt.Errorf("opening server: %w", err)
 	}
-	return runServerOn(ctx, srv, ln, onReady, nil)
+	return runServerOn(ctx, srv, ln, mln, onReady, nil)
 }
 
 // runServer starts srv, serves HTTP until ctx is done, and closes srv.
 // afterReady, if not nil, runs in its own goroutine once listening and is
 // waited for before closing (the dev worker and demo).
 func runServer(ctx context.Context, srv *server.Server, onReady func(url string), afterReady func(ctx context.Context, url string)) error {
-	return runServerOn(ctx, srv, nil, onReady, afterReady)
+	return runServerOn(ctx, srv, nil, nil, onReady, afterReady)
 }
 
-// runServerOn is runServer serving on ln, which it closes, or, when ln is
-// nil, on a listener bound to the configured address.
-func runServerOn(ctx context.Context, srv *server.Server, ln net.Listener, onReady func(url string), afterReady func(ctx context.Context, url string)) (err error) {
+// runServerOn is runServer serving on ln, and metrics without a token on
+// mln when it is not nil, which it closes, or, when ln is nil, on
+// listeners bound to the configured addresses.
+func runServerOn(ctx context.Context, srv *server.Server, ln, mln net.Listener, onReady func(url string), afterReady func(ctx context.Context, url string)) (err error) {
 	if ln != nil {
 		defer ln.Close() // in case Start fails before Serve owns it
+	}
+	if mln != nil {
+		defer mln.Close()
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
@@ -118,7 +139,7 @@ func runServerOn(ctx context.Context, srv *server.Server, ln net.Listener, onRea
 	served := make(chan error, 1)
 	go func() {
 		if ln != nil {
-			served <- srv.Serve(ctx, ln, ready)
+			served <- srv.ServeWithMetrics(ctx, ln, mln, ready)
 			return
 		}
 		served <- srv.ListenAndServe(ctx, ready)

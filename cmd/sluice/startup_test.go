@@ -145,7 +145,7 @@ func TestWorkerBadTokenFailsAtOnce(t *testing.T) {
 	url := startServer(t, server.Config{})
 	start := time.Now()
 	_, stderr, code := cli(t, nil, "worker", "--server", url, "--token", "wrong", "--kinds", "echo")
-	if code != 1 || !strings.Contains(stderr, "error: sluice: registering worker: unauthorized") {
+	if code != 1 || !strings.Contains(stderr, "error: sluice: registering worker: the server at "+url+" rejected the token given by --token (unauthorized") {
 		t.Fatalf("exit %d, stderr %q; want exit 1 and unauthorized", code, stderr)
 	}
 	if strings.Contains(stderr, "retrying") {

@@ -21,6 +21,7 @@ func (a *app) newTasksCmd() *cobra.Command {
 			Short: "List tasks, newest first",
 			Example: `  sluice tasks --state queued --queue email
   sluice tasks --run 12              # the tasks of a workflow run
+  sluice tasks --key user:42         # the tasks of a concurrency key
   sluice tasks list --kind sleep --limit 20 -o json
   sluice tasks --after CURSOR        # the next page`,
 			Args: noArgs,
@@ -59,6 +60,7 @@ func (a *app) newTasksCmd() *cobra.Command {
 		fs.StringVar(&state, "state", "", "only tasks in this state (waiting, scheduled, queued, reserved, ready, running, succeeded, failed, cancelled, paused)")
 		fs.StringVar(&f.Queue, "queue", "", "only tasks of this queue")
 		fs.StringVar(&f.Kind, "kind", "", "only tasks of this kind")
+		fs.StringVar(&f.ConcurrencyKey, "key", "", "only tasks of this concurrency key")
 		fs.Int64Var(&f.RunID, "run", 0, "only tasks of this workflow run")
 		fs.IntVar(&f.Limit, "limit", 0, "most tasks to list, 1 to 1000 (default: the server's, 100)")
 		fs.StringVar(&f.After, "after", "", "cursor printed by the previous page")
@@ -66,9 +68,9 @@ func (a *app) newTasksCmd() *cobra.Command {
 	}
 
 	cmd := listCmd("tasks")
-	cmd.Short = "List, inspect and cancel tasks"
-	cmd.Long = `List, inspect and cancel tasks. Without a subcommand, lists tasks
-(like "sluice tasks list").`
+	cmd.Short = "List, inspect, cancel, retry and wait for tasks"
+	cmd.Long = `List, inspect, cancel, retry and wait for tasks. Without a subcommand,
+lists tasks (like "sluice tasks list").`
 	addClientFlags(cmd.PersistentFlags(), &c)
 
 	list := listCmd("list")
@@ -94,32 +96,7 @@ func (a *app) newTasksCmd() *cobra.Command {
 			return a.printTask(&c, t)
 		},
 	}
-	cancel := &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel a task (a running task gets its context cancelled)",
-		Long: `Cancel a task. A task that has not started ends cancelled at once and
-releases its slots; a running task is asked to stop (its worker's context
-is cancelled) and ends cancelled when the worker reports back or its lease
-expires.`,
-		Example: `  sluice tasks cancel 42`,
-		Args:    exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseTaskID(args[0])
-			if err != nil {
-				return err
-			}
-			b, err := c.backend()
-			if err != nil {
-				return err
-			}
-			t, err := b.CancelTask(cmd.Context(), id)
-			if err != nil {
-				return err
-			}
-			return a.printTask(&c, t)
-		},
-	}
-	cmd.AddCommand(list, get, cancel)
+	cmd.AddCommand(list, get, a.newTasksCancelCmd(&c), a.newTasksRetryCmd(&c), a.newTasksWaitCmd(&c))
 	return cmd
 }
 
@@ -134,12 +111,17 @@ func parseTaskID(s string) (int64, error) {
 func (a *app) printTaskList(tasks []sluice.Task) {
 	now := time.Now()
 	// RUN, STEP and ITEM place the tasks of workflow runs; shown only
-	// when a listed task belongs to one.
-	runs := false
+	// when a listed task belongs to one. WORKER, shown when a listed
+	// task is held by a worker, names it.
+	runs, workers := false, false
 	for _, t := range tasks {
 		runs = runs || t.RunID != 0
+		workers = workers || t.WorkerID != ""
 	}
 	header := []string{"ID", "KIND", "QUEUE", "KEY", "STATE", "ATTEMPT", "PRIORITY", "AGE", "DETAIL"}
+	if workers {
+		header = slices.Insert(header, 6, "WORKER")
+	}
 	if runs {
 		header = slices.Insert(header, 1, "RUN", "STEP", "ITEM")
 	}
@@ -154,6 +136,9 @@ func (a *app) printTaskList(tasks []sluice.Task) {
 		}
 		cells := []any{t.ID, t.Kind, t.Queue, t.ConcurrencyKey, string(t.State),
 			fmt.Sprintf("%d/%d", t.Attempt, t.MaxAttempts), t.Priority, age(t.CreatedAt, now), truncate(note, 60)}
+		if workers {
+			cells = slices.Insert(cells, 6, any(workerCell(t)))
+		}
 		if runs {
 			var run, item any // "-" when not set
 			if t.RunID != 0 {
@@ -167,6 +152,18 @@ func (a *app) printTaskList(tasks []sluice.Task) {
 		row(tw, cells...)
 	}
 	tw.Flush()
+}
+
+// workerCell names the worker holding a task: its name, else its id
+// (nil: none).
+func workerCell(t sluice.Task) any {
+	switch {
+	case t.WorkerName != "":
+		return truncate(t.WorkerName, 30)
+	case t.WorkerID != "":
+		return t.WorkerID
+	}
+	return nil
 }
 
 // printTask prints one task: JSON, or a field list and its attempts.
@@ -209,7 +206,11 @@ func (a *app) printTask(c *clientFlags, t *sluice.Task) error {
 	field("STARTED", t.StartedAt)
 	field("FINISHED", t.FinishedAt)
 	if t.WorkerID != "" {
-		field("WORKER", t.WorkerID)
+		worker := t.WorkerID
+		if t.WorkerName != "" {
+			worker = t.WorkerName + " (" + t.WorkerID + ")"
+		}
+		field("WORKER", worker)
 		field("LEASE EXPIRES", t.LeaseExpiresAt)
 	}
 	if t.CancelRequested {

@@ -243,10 +243,11 @@ func TestWorkerCommandIdleExitAndMetrics(t *testing.T) {
 	var fams map[string]*dto.MetricFamily
 	waitFor(t, "in-flight 1 in the metrics", 10*time.Second, func() bool {
 		fams = scrapeURL(t, metricsURL)
-		f := fams["worker_in_flight_tasks"]
+		f := fams["sluice_worker_in_flight_tasks"]
 		return f != nil && f.GetMetric()[0].GetGauge().GetValue() == 1
 	})
-	for _, name := range []string{"worker_slots", "worker_claims_total", "worker_claim_size", "go_goroutines", "process_resident_memory_bytes"} {
+	for _, name := range []string{"sluice_worker_slots", "sluice_worker_claims_total", "sluice_worker_claim_size", "go_goroutines", "process_resident_memory_bytes",
+		"worker_in_flight_tasks", "worker_slots"} { // the deprecated aliases too
 		if fams[name] == nil {
 			t.Fatalf("no %s in the worker's metrics", name)
 		}

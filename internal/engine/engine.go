@@ -268,8 +268,40 @@ func (e *Engine) TriggerBatch(ctx context.Context, p sluice.TriggerBatchParams) 
 // TriggerMany creates any number of tasks atomically: all are admitted or
 // none. (Benchmarks use it to pre-enqueue; the API caps batches.)
 func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]*sluice.Task, []bool, error) {
+	res, o, scheduled, err := e.enqueue(ctx, ps, e.enq.enqueue)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.after(o)
+	if scheduled {
+		e.kickScheduler()
+	}
+	return e.triggered(res)
+}
+
+// EnqueueFunc inserts tasks in one transaction, as store.Store.Enqueue.
+type EnqueueFunc func(ctx context.Context, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error)
+
+// TriggerWith creates tasks as TriggerMany does, validated and admitted
+// alike, but inserted by enqueue, in a transaction someone else commits
+// (the server's TriggerTx: the application's own), outside the group
+// commit. It wakes nothing: until that transaction commits there is
+// nothing to see. The store's notification at the commit wakes this
+// server's waiting claims as any other's (store.Notifier); a task
+// scheduled for later is promoted by the scheduler's next pass (within
+// a second of its time).
+func (e *Engine) TriggerWith(ctx context.Context, ps []sluice.TriggerParams, enqueue EnqueueFunc) ([]*sluice.Task, []bool, error) {
+	res, _, _, err := e.enqueue(ctx, ps, enqueue)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e.triggered(res)
+}
+
+// enqueue validates ps and inserts them with enqueue; scheduled says one
+// is to run later.
+func (e *Engine) enqueue(ctx context.Context, ps []sluice.TriggerParams, enqueue EnqueueFunc) (res []store.EnqueueResult, o store.Outcome, scheduled bool, err error) {
 	nts := make([]store.NewTask, len(ps))
-	scheduled := false
 	for i := range ps {
 		nt, err := e.newTask(&ps[i])
 		if err != nil {
@@ -277,22 +309,23 @@ func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]
 			if len(ps) > 1 && errors.As(err, &se) {
 				err = &sluice.Error{Code: se.Code, Field: fmt.Sprintf("tasks[%d].%s", i, se.Field), Message: fmt.Sprintf("tasks[%d].%s", i, se.Message)}
 			}
-			return nil, nil, err
+			return nil, o, false, err
 		}
 		nts[i] = nt
 		scheduled = scheduled || !nt.RunAt.IsZero()
 	}
-	res, o, err := e.enq.enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
+	res, o, err = enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
 	if err != nil {
 		if ae, ok := sluice.IsAdmission(err); ok {
 			e.metrics.admissionRejected(ae)
 		}
-		return nil, nil, err
+		return nil, o, false, err
 	}
-	e.after(o)
-	if scheduled {
-		e.kickScheduler()
-	}
+	return res, o, scheduled, nil
+}
+
+// triggered answers a trigger with what the store inserted or found.
+func (e *Engine) triggered(res []store.EnqueueResult) ([]*sluice.Task, []bool, error) {
 	tasks := make([]*sluice.Task, len(res))
 	created := make([]bool, len(res))
 	for i, r := range res {
@@ -376,6 +409,19 @@ func (e *Engine) CancelTask(ctx context.Context, id int64) (*sluice.Task, error)
 		e.mu.Unlock()
 		e.disp.wakeWorker(t.WorkerID) // its long-poll delivers the cancel
 	}
+	t.Explain, err = e.Explain(ctx, t)
+	return t, err
+}
+
+// RetryTask sends a failed or cancelled task back to its queue with a
+// fresh budget of attempts (see sluice.Backend); it counts against the
+// admission ceiling as a new task would.
+func (e *Engine) RetryTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	t, o, err := e.st.RetryTask(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, id)
+	if err != nil {
+		return nil, err
+	}
+	e.after(o)
 	t.Explain, err = e.Explain(ctx, t)
 	return t, err
 }

@@ -673,18 +673,21 @@ func TestLeaseExpirySweep(t *testing.T) {
 	require.Equal(t, sluice.StateReady, f.get(waiting.ID).State)
 }
 
-// S-LC5: an idempotency key makes a re-submission return the existing task.
+// S-LC5: an idempotency key makes a re-submission of the same task return
+// the existing task; a different task with the key is a conflict.
 func TestIdempotency(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	first := f.trigger(sluice.TriggerParams{Kind: "k", Input: json.RawMessage(`{"n":1}`), IdempotencyKey: "order-7"})
-	again, created, err := f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "k", Input: json.RawMessage(`{"n":2}`), IdempotencyKey: "order-7"})
+	again, created, err := f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "k", Input: json.RawMessage(`{ "n": 1.0 }`), Priority: 9, IdempotencyKey: "order-7"})
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Equal(t, first.ID, again.ID)
-	require.JSONEq(t, `{"n":1}`, string(again.Input), "the existing task is returned unchanged")
+	require.Zero(t, again.Priority, "the existing task is returned unchanged")
+	_, _, err = f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "k", Input: json.RawMessage(`{"n":2}`), IdempotencyKey: "order-7"})
+	require.ErrorIs(t, err, sluice.ErrConflict)
 
 	res, err := f.e.TriggerBatch(f.ctx, sluice.TriggerBatchParams{Tasks: []sluice.TriggerParams{
-		{Kind: "k", IdempotencyKey: "order-7"},
+		{Kind: "k", Input: json.RawMessage(`{"n":1}`), IdempotencyKey: "order-7"},
 		{Kind: "k", IdempotencyKey: "order-8"},
 		{Kind: "k", IdempotencyKey: "order-8"},
 	}})
@@ -701,7 +704,7 @@ func TestIdempotency(t *testing.T) {
 	w := f.register("k")
 	require.Len(t, f.claim(w, 10), 2)
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: first.ID, Attempt: 1}))
-	again, created, err = f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "k", IdempotencyKey: "order-7"})
+	again, created, err = f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "k", Input: json.RawMessage(`{"n":1}`), IdempotencyKey: "order-7"})
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Equal(t, first.ID, again.ID)

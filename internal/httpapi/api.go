@@ -96,6 +96,7 @@ var Routes = []Route{
 	{"GET", "/v1/tasks", ScopeAdmin, (*api).listTasks},
 	{"GET", "/v1/tasks/{id}", ScopeAdmin, (*api).getTask},
 	{"POST", "/v1/tasks/{id}/cancel", ScopeAdmin, (*api).cancelTask},
+	{"POST", "/v1/tasks/{id}/retry", ScopeAdmin, (*api).retryTask},
 
 	{"POST", "/v1/workflows", ScopeAdmin, (*api).applyWorkflow},
 	{"GET", "/v1/workflows", ScopeAdmin, (*api).listWorkflows},

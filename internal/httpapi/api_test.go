@@ -143,6 +143,19 @@ func TestHappyPaths(t *testing.T) {
 			require.Equal(t, sluice.TaskFilter{}, f.Calls()[0].Arg)
 		}},
 		{"POST", "/v1/tasks/7/cancel", "", 200, "CancelTask", nil},
+		{"POST", "/v1/tasks/7/retry", "", 200, "RetryTask", func(t *testing.T, b []byte, f *fakeBackend) {
+			require.Equal(t, int64(7), f.Calls()[0].Arg)
+			var task sluice.Task
+			require.NoError(t, json.Unmarshal(b, &task))
+			require.Equal(t, sluice.StateQueued, task.State)
+			require.Equal(t, 6, task.MaxAttempts)
+		}},
+		{"GET", "/v1/tasks?concurrency_key=user%3A42&queue=email", "", 200, "ListTasks", func(t *testing.T, b []byte, f *fakeBackend) {
+			require.Equal(t, sluice.TaskFilter{ConcurrencyKey: "user:42", Queue: "email"}, f.Calls()[0].Arg)
+		}},
+		{"GET", "/v1/tasks?concurrency_key=", "", 200, "ListTasks", func(t *testing.T, b []byte, f *fakeBackend) {
+			require.Equal(t, sluice.TaskFilter{}, f.Calls()[0].Arg, "an empty key filters nothing")
+		}},
 		{"GET", "/v1/workers", "", 200, "ListWorkers", func(t *testing.T, b []byte, _ *fakeBackend) {
 			var v struct{ Workers []sluice.WorkerInfo }
 			require.NoError(t, json.Unmarshal(b, &v))
@@ -302,6 +315,12 @@ func TestBadInput(t *testing.T) {
 		{"task id text", "GET", "/v1/tasks/abc", "", 400, "id", "id: want a positive integer"},
 		{"task id zero", "GET", "/v1/tasks/0", "", 400, "id", "id: want a positive integer"},
 		{"cancel id negative", "POST", "/v1/tasks/-1/cancel", "", 400, "id", "id:"},
+		{"retry id negative", "POST", "/v1/tasks/-1/retry", "", 400, "id", "id:"},
+		{"retry id text", "POST", "/v1/tasks/seven/retry", "", 400, "id", "id: want a positive integer"},
+		{"list key too long", "GET", "/v1/tasks?concurrency_key=" + strings.Repeat("k", 501), "", 400, "concurrency_key", "concurrency_key: longer than 500 bytes"},
+		{"list key control", "GET", "/v1/tasks?concurrency_key=a%0Ab", "", 400, "concurrency_key", `concurrency_key: contains '\n'`},
+		{"list key bad utf8", "GET", "/v1/tasks?concurrency_key=%FF", "", 400, "concurrency_key", "concurrency_key: not valid UTF-8"},
+		{"list key repeated", "GET", "/v1/tasks?concurrency_key=a&concurrency_key=b", "", 400, "concurrency_key", "given 2 times"},
 		{"list bad state", "GET", "/v1/tasks?state=done", "", 400, "state", `state: unknown state "done"`},
 		{"list limit zero", "GET", "/v1/tasks?limit=0", "", 400, "limit", "limit: want an integer from 1 to 1000"},
 		{"list limit negative", "GET", "/v1/tasks?limit=-5", "", 400, "limit", "limit:"},
@@ -392,6 +411,7 @@ func TestAuth(t *testing.T) {
 		"POST /v1/queues/{name}/pause":     "",
 		"POST /v1/queues/{name}/resume":    "",
 		"POST /v1/tasks/{id}/cancel":       "",
+		"POST /v1/tasks/{id}/retry":        "",
 		"DELETE /v1/workers/{id}":          "",
 		"GET /v1/tasks/{id}":               "",
 		"GET /v1/queues/{name}":            "",

@@ -106,6 +106,15 @@ func (f *fakeBackend) CancelTask(ctx context.Context, id int64) (*sluice.Task, e
 	return t, nil
 }
 
+func (f *fakeBackend) RetryTask(ctx context.Context, id int64) (*sluice.Task, error) {
+	if err := f.record("RetryTask", id); err != nil {
+		return nil, err
+	}
+	t := fakeTask(id, "email")
+	t.Attempt, t.MaxAttempts = 3, 6
+	return t, nil
+}
+
 func (f *fakeBackend) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, error) {
 	if err := f.record("PutQueue", p); err != nil {
 		return nil, err

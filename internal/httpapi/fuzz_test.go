@@ -209,6 +209,7 @@ func FuzzListTasksQuery(f *testing.F) {
 		"", "state=failed", "state=failed&queue=email&kind=send.email&limit=10&after=abc", "limit=0", "limit=1001",
 		"limit=-1", "limit=1e3", "limit=%31", "state=done", "state=%zz", "a;b", "state=failed&state=queued",
 		"queue=a%20b", "after=%00", "=", "&&&", "limit=99999999999999999999",
+		"concurrency_key=user%3A42&queue=email", "concurrency_key=%FF", "concurrency_key=a%0Ab", "concurrency_key=",
 	} {
 		f.Add(s)
 	}

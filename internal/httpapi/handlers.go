@@ -175,6 +175,14 @@ func (a *api) cancelTask(w http.ResponseWriter, r *http.Request) error {
 	return respond(w, http.StatusOK)(a.b.CancelTask(r.Context(), id))
 }
 
+func (a *api) retryTask(w http.ResponseWriter, r *http.Request) error {
+	id, err := taskID(r)
+	if err != nil {
+		return err
+	}
+	return respond(w, http.StatusOK)(a.b.RetryTask(r.Context(), id))
+}
+
 func (a *api) listTasks(w http.ResponseWriter, r *http.Request) error {
 	f, err := parseTaskFilter(r.URL.RawQuery)
 	if err != nil {
@@ -215,6 +223,8 @@ func parseTaskFilter(rawQuery string) (sluice.TaskFilter, error) {
 			f.Queue = v[0]
 		case "kind":
 			f.Kind = v[0]
+		case "concurrency_key":
+			f.ConcurrencyKey = v[0]
 		case "run_id":
 			n, err := strconv.ParseInt(v[0], 10, 64)
 			if err != nil || n < 1 {
@@ -230,7 +240,7 @@ func parseTaskFilter(rawQuery string) (sluice.TaskFilter, error) {
 			}
 			f.Limit = n
 		default:
-			return f, sluice.Invalid(clip(k), "unknown query parameter: use state, queue, kind, run_id, limit or after")
+			return f, sluice.Invalid(clip(k), "unknown query parameter: use state, queue, kind, concurrency_key, run_id, limit or after")
 		}
 	}
 	return f, validate.TaskFilter(&f)

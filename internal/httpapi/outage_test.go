@@ -33,6 +33,7 @@ func TestStoreUnavailable(t *testing.T) {
 		"GET /v1/tasks":                    "",
 		"GET /v1/tasks/{id}":               "",
 		"POST /v1/tasks/{id}/cancel":       "",
+		"POST /v1/tasks/{id}/retry":        "",
 		"GET /v1/workers":                  "",
 		"POST /v1/workers":                 `{"kinds":["a"],"slots":1}`,
 		"DELETE /v1/workers/{id}":          "",

@@ -298,7 +298,7 @@ func TestWorkflowBadInput(t *testing.T) {
 		{"tasks run_id empty", "GET", "/v1/tasks?run_id=", "", 400, "run_id", "run_id:"},
 		{"tasks run_id huge", "GET", "/v1/tasks?run_id=9223372036854775808", "", 400, "run_id", "run_id:"},
 		{"tasks run_id repeated", "GET", "/v1/tasks?run_id=1&run_id=2", "", 400, "run_id", "run_id: given 2 times"},
-		{"tasks unknown param lists run_id", "GET", "/v1/tasks?run=1", "", 400, "run", "use state, queue, kind, run_id, limit or after"},
+		{"tasks unknown param lists run_id", "GET", "/v1/tasks?run=1", "", 400, "run", "use state, queue, kind, concurrency_key, run_id, limit or after"},
 
 		// POST /v1/runs
 		{"run empty body", "POST", "/v1/runs", "", 400, "", "request body is required"},
@@ -563,7 +563,7 @@ func TestOpenAPIQueryParameters(t *testing.T) {
 	require.NoError(t, yaml.Unmarshal(b, &doc))
 	for path, want := range map[string][]string{
 		"/v1/runs":             {"workflow", "state", "limit", "after"},
-		"/v1/tasks":            {"state", "queue", "kind", "run_id", "limit", "after"},
+		"/v1/tasks":            {"state", "queue", "kind", "concurrency_key", "run_id", "limit", "after"},
 		"/v1/workflows/{name}": {"version"},
 	} {
 		var op struct {

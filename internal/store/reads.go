@@ -198,11 +198,12 @@ func (h *Held) Check(p sluice.HeartbeatParams) (lost, cancel, orphans []int64) {
 // state, paused_from, attempt, max_attempts, input, output, error,
 // timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at,
 // started_at, finished_at, worker_id, cancel_requested, the worker's
-// lease_expires_at and after_id (the stores' taskCols).
+// lease_expires_at, after_id, run_id, the step's name, item and the
+// worker's name (the stores' taskCols).
 type TaskRow struct {
 	task                                 sluice.Task
 	state                                string
-	pausedFrom, idem, workerID           *string
+	pausedFrom, idem, workerID, wName    *string
 	input, output                        []byte
 	timeoutUS, runAt, createdAt          int64
 	deadline, started, finished, leaseAt *int64
@@ -216,7 +217,7 @@ func (x *TaskRow) Dest() []any {
 	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
 		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
 		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after,
-		&x.runID, &x.step, &x.item}
+		&x.runID, &x.step, &x.item, &x.wName}
 }
 
 // Task is the task scanned, with no attempts.
@@ -232,6 +233,7 @@ func (x *TaskRow) Task() *sluice.Task {
 	task.PausedFrom = sluice.TaskState(deref(x.pausedFrom))
 	task.IdempotencyKey = deref(x.idem)
 	task.WorkerID = deref(x.workerID)
+	task.WorkerName = deref(x.wName)
 	if x.after != nil {
 		task.After = *x.after
 	}
@@ -406,6 +408,9 @@ func ListTasksSQL(selectFrom string, f sluice.TaskFilter, afterID int64, param P
 	}
 	if f.Kind != "" {
 		cond("t.kind", f.Kind)
+	}
+	if f.ConcurrencyKey != "" {
+		cond("t.ckey", f.ConcurrencyKey)
 	}
 	if f.RunID != 0 {
 		cond("t.run_id", f.RunID)

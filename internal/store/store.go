@@ -240,6 +240,19 @@ type Store interface {
 	// cancel_requested and ends when its worker reports or its lease ends.
 	// A finished task is a conflict.
 	CancelTask(ctx context.Context, id int64) (*sluice.Task, Outcome, error)
+	// RetryTask sends a failed or cancelled task back to its queue in one
+	// transaction (flow: failed/cancelled → queued, or paused if its
+	// queue is; the refill may make it ready): same id; a fresh budget
+	// of attempts, as many as it was created with (max_attempts becomes
+	// attempt + that budget, so attempt numbers go on and its attempts
+	// stay recorded); run_at now; its dispatch deadline, if it had one,
+	// as far from now as it was from the task's creation; error, output,
+	// started_at, finished_at and cancel_requested cleared. It counts as
+	// a new unfinished task: over a ceiling of lim or the queue's
+	// max_backlog it returns *sluice.AdmissionError and changes nothing.
+	// A task that has not ended, a succeeded task and a task of a
+	// workflow run are a conflict (sluice.ErrConflict).
+	RetryTask(ctx context.Context, lim Limits, id int64) (*sluice.Task, Outcome, error)
 
 	PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, Outcome, error)
 	GetQueue(ctx context.Context, name string) (*sluice.Queue, error)

@@ -110,6 +110,29 @@ func Int64Ptr(p *int) *int64 {
 	return &v
 }
 
+// RunPlaceCols are the columns that place a claimed task in its
+// workflow run, as scanned: its run_id, its step's name and its item,
+// each NULL for a task of no run (item also for a step of one task).
+type RunPlaceCols struct {
+	RunID *int64
+	Step  *string
+	Item  *int64
+}
+
+// Set fills c's RunID, Step and Item.
+func (r *RunPlaceCols) Set(c *sluice.ClaimedTask) {
+	if r.RunID != nil {
+		c.RunID = *r.RunID
+	}
+	if r.Step != nil {
+		c.Step = *r.Step
+	}
+	if r.Item != nil {
+		i := int(*r.Item)
+		c.Item = &i
+	}
+}
+
 // JSONOrNull returns b, or JSON null when b is empty.
 func JSONOrNull(b []byte) []byte {
 	if len(b) == 0 {
@@ -280,9 +303,10 @@ func (o AttemptOutcome) End(attempt, maxAttempts int, cancelRequested bool, now 
 // idempotency key names an existing task (existing returns it, nil if
 // none) gets that task as its result, not created, and a task whose key
 // an earlier task of the batch has gets that one's result; replays are
-// never rejected. The others are fresh: their indexes, for the caller to
-// admit, insert and fill in results; done then fills in the in-batch
-// replays.
+// never rejected by admission. A key that names a different task (kind,
+// queue or input: TaskReplay) fails the batch with a conflict. The
+// others are fresh: their indexes, for the caller to admit, insert and
+// fill in results; done then fills in the in-batch replays.
 func Replays(tasks []NewTask, results []EnqueueResult, existing func(key string) (*sluice.Task, error)) (fresh []int, done func(), err error) {
 	fresh = make([]int, 0, len(tasks))
 	seen := map[string]int{}
@@ -290,6 +314,9 @@ func Replays(tasks []NewTask, results []EnqueueResult, existing func(key string)
 	for i, nt := range tasks {
 		if k := nt.IdempotencyKey; k != "" {
 			if j, ok := seen[k]; ok {
+				if err := batchReplay(&tasks[i], &tasks[j]); err != nil {
+					return nil, nil, err
+				}
 				dups[i] = j
 				continue
 			}
@@ -299,6 +326,9 @@ func Replays(tasks []NewTask, results []EnqueueResult, existing func(key string)
 				return nil, nil, err
 			}
 			if task != nil {
+				if err := TaskReplay(&nt, task); err != nil {
+					return nil, nil, err
+				}
 				results[i] = EnqueueResult{Task: task}
 				continue
 			}

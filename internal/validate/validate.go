@@ -210,6 +210,9 @@ func TaskFilter(f *sluice.TaskFilter) error {
 			return err
 		}
 	}
+	if err := ConcurrencyKey(f.ConcurrencyKey); err != nil {
+		return err
+	}
 	if f.Limit < 0 || f.Limit > MaxListLimit {
 		return sluice.Invalid("limit", "must be between 1 and %d", MaxListLimit)
 	}

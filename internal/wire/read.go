@@ -356,5 +356,22 @@ func (r *answerReader) task(t *protocol.ClaimedTask) bool {
 			return false
 		}
 	}
+	if r.lit(`,"run_id":`) {
+		if t.RunID, ok = r.int(); !ok {
+			return false
+		}
+	}
+	if r.lit(`,"step":`) {
+		if t.Step, ok = r.str(); !ok {
+			return false
+		}
+	}
+	if r.lit(`,"item":`) {
+		if n, ok = r.int(); !ok || int64(int(n)) != n {
+			return false
+		}
+		item := int(n)
+		t.Item = &item
+	}
 	return r.lit("}")
 }

@@ -129,6 +129,20 @@ func appendTasks(b []byte, ts []protocol.ClaimedTask) ([]byte, bool) {
 			b = append(b, `,"after":`...)
 			b = strconv.AppendInt(b, t.After, 10)
 		}
+		if t.RunID != 0 {
+			b = append(b, `,"run_id":`...)
+			b = strconv.AppendInt(b, t.RunID, 10)
+		}
+		if t.Step != "" {
+			b = append(b, `,"step":`...)
+			if b, ok = appendString(b, t.Step); !ok {
+				return b, false
+			}
+		}
+		if t.Item != nil {
+			b = append(b, `,"item":`...)
+			b = strconv.AppendInt(b, int64(*t.Item), 10)
+		}
 		b = append(b, '}')
 	}
 	return append(b, ']'), true

@@ -68,7 +68,9 @@ func (e *Env) HasRoom() bool { return e.maxRunning == 0 || e.running < e.maxRunn
 // Admits reports whether n more unfinished tasks stay within maxActive
 // (the admission ceiling, S-FC6; 0 = none).
 func (e *Env) Admits(maxActive int, n int64) bool {
-	return maxActive <= 0 || e.active+n <= int64(maxActive)
+	// Nothing new (idempotent replays only) is never rejected, even
+	// above a ceiling that was lowered.
+	return maxActive <= 0 || n <= 0 || e.active+n <= int64(maxActive)
 }
 
 // SetMaxRunning sets the environment limit (0: none), to be written with
@@ -181,7 +183,9 @@ func (q *Queue) Active() int64 { return q.active }
 
 // Admits reports whether n more unfinished tasks stay within the queue's
 // max_backlog (S-FC6).
-func (q *Queue) Admits(n int64) bool { return q.maxBacklog == nil || q.active+n <= *q.maxBacklog }
+func (q *Queue) Admits(n int64) bool {
+	return q.maxBacklog == nil || n <= 0 || q.active+n <= *q.maxBacklog
+}
 
 // WaitState is the state in which a task that holds no slot waits in the
 // queue for one: queued (on its sub-queue's wait list), or paused while

@@ -104,6 +104,14 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{sluice.StatePaused, sluice.StateScheduled}: {},
 	{sluice.StatePaused, sluice.StateCancelled}: {Active: -1},
 	{sluice.StatePaused, sluice.StateFailed}:    {Active: -1},
+
+	// Failed or cancelled: retried by hand (RetryTask), back on the wait
+	// list as a new unfinished task (paused if its queue is); the refill
+	// gives it a slot. The only moves out of a final state.
+	{sluice.StateFailed, sluice.StateQueued}:    {Queued: +1, Active: +1},
+	{sluice.StateFailed, sluice.StatePaused}:    {Active: +1},
+	{sluice.StateCancelled, sluice.StateQueued}: {Queued: +1, Active: +1},
+	{sluice.StateCancelled, sluice.StatePaused}: {Active: +1},
 }
 
 // Transition returns the effect of a task's move from → to, or an error

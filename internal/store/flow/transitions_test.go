@@ -78,6 +78,11 @@ var allowed = map[[2]sluice.TaskState]string{
 	{sluice.StatePaused, sluice.StateScheduled}: "ResumeRun: a task that was backing off",
 	{sluice.StatePaused, sluice.StateCancelled}: "CancelTask",
 	{sluice.StatePaused, sluice.StateFailed}:    "ExpireDeadlines",
+
+	{sluice.StateFailed, sluice.StateQueued}:    "RetryTask",
+	{sluice.StateFailed, sluice.StatePaused}:    "RetryTask, queue paused",
+	{sluice.StateCancelled, sluice.StateQueued}: "RetryTask",
+	{sluice.StateCancelled, sluice.StatePaused}: "RetryTask, queue paused",
 }
 
 // Every pair of states is either a listed move, whose effect is what the
@@ -108,11 +113,15 @@ func TestTransitionsEveryPair(t *testing.T) {
 	require.Len(t, flow.Rows(), n)
 }
 
-// The table's shape: nothing leaves a final state, nothing returns to
-// New, no state moves to itself.
+// The table's shape: nothing leaves a final state but a retry of a
+// failed or cancelled task (RetryTask: back to the wait list, or paused),
+// nothing returns to New, no state moves to itself.
 func TestTransitionsShape(t *testing.T) {
 	for _, r := range flow.Rows() {
-		require.False(t, r.From.Terminal(), "%v", r)
+		if r.From.Terminal() {
+			require.NotEqual(t, sluice.StateSucceeded, r.From, "%v", r)
+			require.Contains(t, []sluice.TaskState{sluice.StateQueued, sluice.StatePaused}, r.To, "%v", r)
+		}
 		require.NotEqual(t, flow.New, r.To, "%v", r)
 		require.NotEqual(t, r.From, r.To, "%v", r)
 	}
@@ -194,6 +203,10 @@ func ExampleRows() {
 	// running   → failed    slot -1, active -1
 	// running   → cancelled slot -1, active -1
 	// running   → paused    slot -1
+	// failed    → queued    queued +1, active +1
+	// failed    → paused    active +1
+	// cancelled → queued    queued +1, active +1
+	// cancelled → paused    active +1
 	// paused    → scheduled
 	// paused    → queued    queued +1
 	// paused    → failed    active -1

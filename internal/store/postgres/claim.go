@@ -37,10 +37,17 @@ const claimSQL = `WITH c AS (
 		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, worker_id = $4, started_at = $2,
 			timeout_at = CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END, claim_seq = $7
 		WHERE t.id = ANY(ARRAY(SELECT id FROM c))
-		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
+		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank,
+			t.run_id, CASE WHEN t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE id = 1),
 	lease AS (UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $6) WHERE id = $4)
-	SELECT id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM claimed`
+	SELECT id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank, run_id, step, item FROM claimed`
+
+// stepNameSQL is the name of the step of task t, which a claimed task
+// of a run carries (ClaimedTask.Step): one primary-key read of run_steps,
+// which the statements make only for a task with a step (CASE), so a
+// claim of tasks of no run reads nothing more.
+const stepNameSQL = `(SELECT name FROM run_steps WHERE id = t.step_id)`
 
 // promoteClaimSQL is claimSQL for a transaction whose refill deferred its
 // promotions ($8–$11, the arrays headsSQL reads): the heads of the refilled
@@ -88,11 +95,12 @@ const promoteClaimSQL = `WITH hd AS MATERIALIZED (
 			claim_seq = CASE WHEN m.claim THEN $7 ELSE t.claim_seq END
 		FROM m WHERE t.id = m.id AND t.id = ANY(ARRAY(SELECT id FROM m)) -- by primary key, as in claimSQL
 		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
-			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank),
+			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank,
+			t.run_id, CASE WHEN m.claim AND t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
 	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))
 			+ 0 * (1 / CASE WHEN (SELECT count(*) FROM moved WHERE promoted) = $12 THEN 1 ELSE 0 END) WHERE id = 1),
 	lease AS (UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $6) WHERE id = $4)
-	SELECT sq, promoted, claim, id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank FROM moved`
+	SELECT sq, promoted, claim, id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank, run_id, step, item FROM moved`
 
 // Claim leases ready tasks to a worker; see store.Store. Two round trips
 // hold the env lock: BEGIN with the lock and the worker's row, then the
@@ -214,8 +222,9 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 			c := &r.c
 			var input []byte
 			var timeoutUS, created int64
+			var run store.RunPlaceCols
 			dest := []any{&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
-				&r.priority, &r.rank}
+				&r.priority, &r.rank, &run.RunID, &run.Step, &run.Item}
 			if promoted != nil {
 				var sq int64
 				var wasPromoted, claimed bool
@@ -236,6 +245,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 			c.CreatedAt = store.FromUS(created)
 			c.StartedAt = now
 			c.LeaseExpiresAt = leaseUntil.UTC()
+			run.Set(c)
 			got = append(got, r)
 			return nil
 		})

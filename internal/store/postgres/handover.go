@@ -200,9 +200,10 @@ const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], 
 	moved AS (
 		UPDATE tasks t SET state = 'reserved', worker_id = $4, after_id = c.after, claim_seq = $5
 		FROM c WHERE t.id = c.id
-		RETURNING t.id, t.after_id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at),
+		RETURNING t.id, t.after_id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at,
+			t.run_id, CASE WHEN t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
 	chk AS (UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $6 THEN 1 ELSE 0 END) WHERE id = 1)
-	SELECT id, after_id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at FROM moved`
+	SELECT id, after_id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, run_id, step, item FROM moved`
 
 // subqueueByKey returns the sub-queue (queue, ckey), read if this
 // transaction does not hold it.
@@ -279,9 +280,12 @@ func (t *txn) reserveAfter(workerID string, hs []handed, seq int64, leaseUntil t
 		var c sluice.ClaimedTask
 		var input []byte
 		var timeoutUS, created int64
-		if err := rows.Scan(&c.ID, &c.After, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created); err != nil {
+		var run store.RunPlaceCols
+		if err := rows.Scan(&c.ID, &c.After, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
+			&run.RunID, &run.Step, &run.Item); err != nil {
 			return err
 		}
+		run.Set(&c)
 		c.Attempt++ // the attempt it will run as
 		c.Input = store.JSONOrNull(input)
 		c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)

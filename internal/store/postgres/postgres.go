@@ -76,6 +76,10 @@ type Store struct {
 	// unless the URL chose a plan_cache_mode.
 	genericPlans bool
 
+	// app: the settings a write in the application's transaction
+	// matches (apptx.go).
+	app appConn
+
 	// closed ends Listen loops and leaderships when the store closes.
 	closed    context.Context
 	closeFn   context.CancelFunc
@@ -137,7 +141,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", err)
+		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", explainConnectError(cfg.ConnConfig, err))
 	}
 	s.pool = &dbPool{pool}
 	s.closed, s.closeFn = context.WithCancel(context.Background())
@@ -203,7 +207,7 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 	for _, name := range Migrations() {
 		done, err := s.migrate(ctx, name)
 		if err != nil {
-			return applied, fmt.Errorf("migration %s: %w", name, err)
+			return applied, s.explainMigrateError(ctx, fmt.Errorf("migration %s: %w", name, err))
 		}
 		if done {
 			applied = append(applied, name)

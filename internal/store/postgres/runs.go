@@ -50,8 +50,16 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 		// Concurrent replicas are serialised by the env lock, so the
 		// lookup sees every committed key; runs_idempotency is the
 		// backstop.
-		found, err := t.queryRow("idempotency lookup", `SELECT id FROM runs WHERE idempotency_key = $1`, []any{r.IdempotencyKey}, &id)
+		var (
+			workflow string
+			input    []byte
+		)
+		found, err := t.queryRow("idempotency lookup", `SELECT id, workflow, input FROM runs WHERE idempotency_key = $1`,
+			[]any{r.IdempotencyKey}, &id, &workflow, &input)
 		if err != nil || found {
+			if err == nil {
+				err = store.RunReplay(&r, id, workflow, input)
+			}
 			return id, false, err
 		}
 	}

@@ -22,29 +22,36 @@ import (
 // task ids; the insert with the refill; and the commit.
 func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error) {
 	results := make([]store.EnqueueResult, len(tasks))
-	o, err := s.write(ctx, func(t *txn) error {
-		// Idempotent re-submissions first: they create nothing and are
-		// never rejected. Concurrent replicas are serialised by the env
-		// lock, so the lookup sees every committed key; the unique index
-		// tasks_idempotency is the backstop.
-		existing, err := t.idempotent(tasks)
-		if err != nil {
-			return err
-		}
-		fresh, replayed, _ := store.Replays(tasks, results, func(k string) (*sluice.Task, error) { return existing[k], nil })
-		if err := t.admit(lim, tasks, fresh); err != nil {
-			return err
-		}
-		if err := t.insert(tasks, fresh, results); err != nil {
-			return err
-		}
-		replayed()
-		return nil
-	})
+	o, err := s.write(ctx, func(t *txn) error { return t.enqueue(lim, tasks, results) })
 	if err != nil {
 		return nil, o, err
 	}
 	return results, o, nil
+}
+
+// enqueue is the body of Enqueue (and EnqueueTx): results gets each
+// task, inserted or found by its idempotency key.
+func (t *txn) enqueue(lim store.Limits, tasks []store.NewTask, results []store.EnqueueResult) error {
+	// Idempotent re-submissions first: they create nothing and are
+	// never rejected. Concurrent replicas are serialised by the env
+	// lock, so the lookup sees every committed key; the unique index
+	// tasks_idempotency is the backstop.
+	existing, err := t.idempotent(tasks)
+	if err != nil {
+		return err
+	}
+	fresh, replayed, err := store.Replays(tasks, results, func(k string) (*sluice.Task, error) { return existing[k], nil })
+	if err != nil {
+		return err
+	}
+	if err := t.admit(lim, tasks, fresh); err != nil {
+		return err
+	}
+	if err := t.insert(tasks, fresh, results); err != nil {
+		return err
+	}
+	replayed()
+	return nil
 }
 
 // idempotent returns the existing tasks of the batch's idempotency keys.
@@ -286,7 +293,7 @@ const insertRunSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, st
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 
@@ -385,6 +392,54 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 			return err
 		}
 		return t.unreserve(rest)
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	task, err := s.GetTask(ctx, id)
+	return task, o, err
+}
+
+// RetryTask sends a failed or cancelled task back to its queue; see
+// store.Store. The rules (which tasks, the budget, the deadline) are
+// store.Retry's. The task comes with its sub-queue and queue rows in one
+// round trip, as for a cancel.
+func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*sluice.Task, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
+		r := store.Retry{ID: id}
+		sq, q := &flow.Subqueue{}, &flow.Queue{}
+		found, err := t.queryRow("retry", `SELECT t.state, t.run_id, t.attempt, t.max_attempts, t.attempt_budget, t.created_at, t.dispatch_deadline_at, `+
+			sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue WHERE t.id = $1`,
+			[]any{id}, append(append(r.Dest(), sq.Dest()...), q.Dest()...)...)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return sluice.NotFound("task %d not found", id)
+		}
+		if err := r.Check(); err != nil {
+			return err
+		}
+		sq, q = t.UseSubqueue(sq), t.UseQueue(q)
+		// Admission, as for a trigger: the task is unfinished again.
+		if !t.Env.Admits(lim.MaxActive, 1) {
+			return store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
+		}
+		if !q.Admits(1) {
+			return store.QueueAdmissionError(q.Name(), *q.MaxBacklog(), q.Active())
+		}
+		// On the wait list (paused if its queue is); the refill at the
+		// end of the transaction gives it a slot if one is free.
+		to := q.WaitState()
+		if err := t.Move(sq, q, r.State(), to); err != nil {
+			return err
+		}
+		maxAttempts, budget, deadline := r.Retried(t.now)
+		t.exec("retry", `UPDATE tasks SET state = $1, paused_from = $2, max_attempts = $3, attempt_budget = $4, run_at = $5,
+			dispatch_deadline_at = $6, output = NULL, error = '', started_at = NULL, finished_at = NULL, cancel_requested = false,
+			worker_id = NULL, after_id = NULL, timeout_at = NULL WHERE id = $7`,
+			string(to), flow.PausedFrom(to), maxAttempts, budget, t.now, deadline, id)
+		return nil
 	})
 	if err != nil {
 		return nil, o, err

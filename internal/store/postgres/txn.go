@@ -89,21 +89,9 @@ func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) e
 	if s.genericPlans {
 		t.exec("begin", setGenericPlans)
 	}
-	e := t.Env
-	t.b.Queue(envLockSQL).QueryRow(func(r pgx.Row) error {
-		if err := r.Scan(e.Dest()...); err != nil {
-			return fmt.Errorf("locking env: %w", err)
-		}
-		return nil
-	})
-	t.preNow = store.US(s.now())
-	if prelude != nil {
-		prelude(t)
-	}
-	if err := t.send(); err != nil {
+	if err := t.lockEnv(prelude); err != nil {
 		return err
 	}
-	t.now = store.US(s.now())
 	if err := fn(t); err != nil {
 		return err
 	}
@@ -118,6 +106,27 @@ func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) e
 		return nil
 	}
 	return t.send()
+}
+
+// lockEnv sends what is queued with the env lock and whatever prelude
+// queues (see run), then reads the clock.
+func (t *txn) lockEnv(prelude func(t *txn)) error {
+	e := t.Env
+	t.b.Queue(envLockSQL).QueryRow(func(r pgx.Row) error {
+		if err := r.Scan(e.Dest()...); err != nil {
+			return fmt.Errorf("locking env: %w", err)
+		}
+		return nil
+	})
+	t.preNow = store.US(t.s.now())
+	if prelude != nil {
+		prelude(t)
+	}
+	if err := t.send(); err != nil {
+		return err
+	}
+	t.now = store.US(t.s.now())
+	return nil
 }
 
 // exec queues a statement whose result is not needed at once; its error,
@@ -185,7 +194,15 @@ func (t *txn) send() error {
 // the commit: items let into a window are promoted by the same refill.
 func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
-	err := s.run(ctx, nil, func(t *txn) error {
+	err := s.run(ctx, nil, settled(fn, &o))
+	return o, err
+}
+
+// settled is fn followed by what ends every write: the settle of the
+// ends of run tasks, the counters' write and the refill; o gets the
+// outcome.
+func settled(fn func(t *txn) error, o *store.Outcome) func(t *txn) error {
+	return func(t *txn) error {
 		if err := fn(t); err != nil {
 			return err
 		}
@@ -198,6 +215,5 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome
 		o.Readied = t.Readied()
 		o.RunEvents = t.events
 		return nil
-	})
-	return o, err
+	}
 }

@@ -64,6 +64,12 @@ func (s *Store) claim(ctx context.Context, tx *wtx, workerID string, limit int, 
 	return s.reserveFor(ctx, tx, workerID, out, seq, lease)
 }
 
+// runPlaceCols are the columns RETURNING places a claimed task in its
+// workflow run with (store.RunPlaceCols): its run, its step's name (a
+// primary-key read of run_steps, only for a task with a step) and its
+// item.
+const runPlaceCols = `run_id, CASE WHEN step_id IS NOT NULL THEN (SELECT s.name FROM run_steps s WHERE s.id = tasks.step_id) END, item`
+
 // claimReady leases ready tasks: claim without the reservations; it sets
 // *handover to the worker's handover flag.
 func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit int, lease time.Duration, seq int64, handover *bool) ([]sluice.ClaimedTask, error) {
@@ -139,7 +145,7 @@ func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit 
 		rows, err := tx.QueryContext(ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, worker_id = ?, started_at = ?,
 			timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END, claim_seq = ?
 			WHERE id IN (?`+strings.Repeat(",?", len(chunk)-1)+`) AND state = 'ready'
-			RETURNING id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at`, args...)
+			RETURNING id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, `+runPlaceCols, args...)
 		if err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
 		}
@@ -147,10 +153,13 @@ func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit 
 			var c sluice.ClaimedTask
 			var input []byte
 			var timeoutUS, created int64
-			if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created); err != nil {
+			var run store.RunPlaceCols
+			if err := rows.Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
+				&run.RunID, &run.Step, &run.Item); err != nil {
 				rows.Close()
 				return nil, err
 			}
+			run.Set(&c)
 			c.Input = store.JSONOrNull(input)
 			c.Timeout = sluice.Duration(time.Duration(timeoutUS) * time.Microsecond)
 			c.CreatedAt = store.FromUS(created)

@@ -138,13 +138,16 @@ func (t *txn) reserveAfter(workerID string, handed []sluice.ClaimedTask, handedO
 			var c sluice.ClaimedTask
 			var input []byte
 			var timeoutUS, created int64
+			var run store.RunPlaceCols
 			err = t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'reserved', worker_id = ?, after_id = ?, claim_seq = ?
 				WHERE id = (SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT 1)
-				RETURNING id, kind, queue, ckey, attempt + 1, max_attempts, input, timeout_us, created_at`,
-				workerID, after, seq, sq.ID()).Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created)
+				RETURNING id, kind, queue, ckey, attempt + 1, max_attempts, input, timeout_us, created_at, `+runPlaceCols,
+				workerID, after, seq, sq.ID()).Scan(&c.ID, &c.Kind, &c.Queue, &c.ConcurrencyKey, &c.Attempt, &c.MaxAttempts, &input, &timeoutUS, &created,
+				&run.RunID, &run.Step, &run.Item)
 			if err != nil {
 				return nil, fmt.Errorf("reserving a successor of task %d: %w", after, err)
 			}
+			run.Set(&c)
 			if err := t.Move(sq, q, sluice.StateQueued, sluice.StateReserved); err != nil {
 				return nil, err
 			}

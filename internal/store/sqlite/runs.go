@@ -38,9 +38,13 @@ func (s *Store) CreateRun(ctx context.Context, lim store.Limits, r store.NewRun)
 // with a start event, or queued behind its workflow's concurrency.
 func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created bool, err error) {
 	if r.IdempotencyKey != "" {
-		err := t.tx.QueryRowContext(t.ctx, `SELECT id FROM runs WHERE idempotency_key = ?`, r.IdempotencyKey).Scan(&id)
+		var (
+			workflow string
+			input    []byte
+		)
+		err := t.tx.QueryRowContext(t.ctx, `SELECT id, workflow, input FROM runs WHERE idempotency_key = ?`, r.IdempotencyKey).Scan(&id, &workflow, &input)
 		if err == nil {
-			return id, false, nil
+			return id, false, store.RunReplay(&r, id, workflow, input)
 		}
 		if err != sql.ErrNoRows {
 			return 0, false, fmt.Errorf("idempotency lookup: %w", err)

@@ -10,7 +10,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
-// Tasks: trigger (Enqueue, admit, insert), read, cancel. The methods
+// Tasks: trigger (Enqueue, admit, insert), read, cancel, retry. The methods
 // mirror the PostgreSQL store's tasks.go; admission, the insert's state and
 // the idempotent replays are decided once (flow.Counters.Enter, Admits,
 // store.Replays), the reads scanned once (store.TaskRow), and `duplicates`
@@ -126,7 +126,7 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
 
@@ -209,6 +209,60 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 			return t.unreserveAfter(id)
 		}
 		return nil
+	})
+	if err != nil {
+		return nil, o, err
+	}
+	task, err := getTask(ctx, s.w, id)
+	return task, o, err
+}
+
+// RetryTask sends a failed or cancelled task back to its queue; see
+// store.Store. The rules (which tasks, the budget, the deadline) are
+// store.Retry's.
+func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*sluice.Task, store.Outcome, error) {
+	o, err := s.write(ctx, func(t *txn) error {
+		r := store.Retry{ID: id}
+		var sqID int64
+		var queue string
+		err := t.tx.QueryRowContext(ctx, `SELECT sq, queue, state, run_id, attempt, max_attempts, attempt_budget, created_at, dispatch_deadline_at
+			FROM tasks WHERE id = ?`, id).Scan(append([]any{&sqID, &queue}, r.Dest()...)...)
+		if err == sql.ErrNoRows {
+			return sluice.NotFound("task %d not found", id)
+		}
+		if err != nil {
+			return fmt.Errorf("reading task %d: %w", id, err)
+		}
+		if err := r.Check(); err != nil {
+			return err
+		}
+		// Admission, as for a trigger: the task is unfinished again.
+		if !t.Env.Admits(lim.MaxActive, 1) {
+			return store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
+		}
+		q, err := t.queue(queue, false)
+		if err != nil {
+			return err
+		}
+		if !q.Admits(1) {
+			return store.QueueAdmissionError(queue, *q.MaxBacklog(), q.Active())
+		}
+		sq, err := t.subqueue(sqID)
+		if err != nil {
+			return err
+		}
+		// On the wait list (paused if its queue is); the refill at the
+		// end of the transaction gives it a slot if one is free.
+		to := q.WaitState()
+		if err := t.Move(sq, q, r.State(), to); err != nil {
+			return err
+		}
+		maxAttempts, budget, deadline := r.Retried(t.now)
+		_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, max_attempts = ?, attempt_budget = ?, run_at = ?, dispatch_deadline_at = ?,
+			output = NULL, error = '', started_at = NULL, finished_at = NULL, cancel_requested = 0, worker_id = NULL, after_id = NULL,
+			timeout_at = NULL WHERE id = ?`,
+			to, flow.PausedFrom(to), maxAttempts, budget, t.now, deadline, id)
+		return err
 	})
 	if err != nil {
 		return nil, o, err

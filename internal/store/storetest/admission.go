@@ -29,8 +29,13 @@ func testAdmission(t *testing.T, ns NewStore) {
 	page, err := h.st.ListTasks(h.ctx, sluice.TaskFilter{Limit: 100}, 0)
 	require.NoError(t, err)
 	require.Len(t, page, 2, "rejected whole: nothing created")
-	_, _, err = h.st.Enqueue(h.ctx, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}})
+	_, _, err = h.st.Enqueue(h.ctx, lim, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "once"}})
 	require.NoError(t, err)
+	// Above a ceiling lowered since, an idempotent replay creates nothing
+	// and is never rejected.
+	res, _, err := h.st.Enqueue(h.ctx, store.Limits{MaxActive: 1}, []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1, IdempotencyKey: "once"}})
+	require.NoError(t, err)
+	require.False(t, res[0].Created)
 	h.counters()
 }
 

@@ -29,6 +29,7 @@ var runTests = tests{
 	"RunWaitingItemDeadline": testRunWaitingItemDeadline,
 	"RunListAndTasks":        testRunListAndTasks,
 	"RunDropEvents":          testRunDropEvents,
+	"RunClaimedTaskPlace":    testRunClaimedTaskPlace,
 }
 
 // run creates a running run of workflow "wf" and consumes its start
@@ -505,4 +506,62 @@ func testRunDropEvents(t *testing.T, ns NewStore) {
 	require.NoError(t, err)
 	require.Len(t, all, 1, "limit")
 	require.Equal(t, e2[0], all[0])
+}
+
+// A claimed task of a run names its run, step and item (nil in a step of
+// one task) however it is handed out: by a claim, by a completion's claim
+// (which takes the task its own refill promotes), or reserved behind a
+// running task (handover). A task of no run names none.
+func testRunClaimedTaskPlace(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	h.st.SetHandoverDepth(1)
+	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	require.NoError(t, err)
+	h.handoverQueue("hk", 1)
+	run := h.run(store.NewRun{})
+	h.apply(run.ID, []store.NewStep{
+		items("each", 0, 3, 0, "k"),
+		{Name: "one", Index: 1, State: sluice.StepRunning, Items: -1, Tasks: []store.NewTask{{Kind: "one", Queue: "one", MaxAttempts: 1}}},
+		items("chain", 2, 2, 0, "hk"),
+	}, nil)
+	plain := h.enqueue(store.NewTask{Kind: "one"})[0]
+	place := func(c sluice.ClaimedTask, step string, item int) {
+		t.Helper()
+		require.Equal(t, run.ID, c.RunID)
+		require.Equal(t, step, c.Step)
+		require.NotNil(t, c.Item)
+		require.Equal(t, item, *c.Item)
+	}
+
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	require.Len(t, c, 1, "limit 1")
+	place(c[0], "each", 0)
+	_, _, more, err := h.st.CompleteClaim(h.ctx, "w", []sluice.TaskResult{ok(c[0])}, noBackoff, store.ClaimSpec{Max: 1, Lease: 30 * time.Second})
+	require.NoError(t, err)
+	require.Len(t, more, 1)
+	place(more[0], "each", 1)
+
+	h.worker("w1", 10, "one")
+	c = h.claim("w1", 10)
+	require.Len(t, c, 2)
+	for _, x := range c {
+		if x.ID == plain.ID {
+			require.Zero(t, x.RunID)
+			require.Empty(t, x.Step)
+			require.Nil(t, x.Item)
+			continue
+		}
+		require.Equal(t, run.ID, x.RunID)
+		require.Equal(t, "one", x.Step)
+		require.Nil(t, x.Item, "a step of one task has no item")
+	}
+
+	h.handoverWorker("hw", 10, "hk")
+	running, next := SplitReserved(h.claim("hw", 10))
+	require.Len(t, running, 1)
+	place(running[0], "chain", 0)
+	require.Contains(t, next, running[0].ID)
+	place(next[running[0].ID], "chain", 1)
+	h.counters()
 }

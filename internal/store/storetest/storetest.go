@@ -28,6 +28,7 @@ type tests map[string]func(t *testing.T, ns NewStore)
 // new area adds its map here.
 var areas = []tests{
 	enqueueTests,
+	idempotencyTests,
 	admissionTests,
 	limitTests,
 	claimTests,
@@ -43,6 +44,7 @@ var areas = []tests{
 	runTests,
 	scheduleTests,
 	runPauseTests,
+	retryTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would
