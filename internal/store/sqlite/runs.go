@@ -336,20 +336,23 @@ func (t *txn) endRunTasks(runID int64) error {
 		return err
 	}
 	for _, x := range tasks {
-		switch x.state {
-		case sluice.StateRunning:
+		if x.state == sluice.StateRunning {
 			if _, err := t.exec(`UPDATE tasks SET cancel_requested = 1 WHERE id = ?`, x.id); err != nil {
 				return err
 			}
-		case sluice.StateReserved:
-			if err := t.cancelWaiting(x.id, x.state, x.sq, x.queue, "cancelled"); err != nil {
-				return err
-			}
+			continue
+		}
+		if err := t.cancelWaiting(x.id, x.state, x.sq, x.queue, "cancelled"); err != nil {
+			return err
+		}
+	}
+	// The chains behind its reserved tasks would follow tasks that never
+	// run: they go back to the wait list. Only now, once all the run's
+	// tasks are cancelled (a chain may hold several of them, which the
+	// release must not count as queued).
+	for _, x := range tasks {
+		if x.state == sluice.StateReserved {
 			if err := t.unreserveAfter(x.id); err != nil {
-				return err
-			}
-		default:
-			if err := t.cancelWaiting(x.id, x.state, x.sq, x.queue, "cancelled"); err != nil {
 				return err
 			}
 		}
