@@ -309,7 +309,8 @@ type Store interface {
 	// (zero if none).
 	PromoteDue(ctx context.Context, limit int) (n int, next time.Time, o Outcome, err error)
 	// SweepExpired ends the attempts of workers whose lease expired (then
-	// forgets those workers) and of attempts past their timeout.
+	// forgets those workers) and of attempts past their timeout; n counts
+	// the attempts ended (a worker that held none counts nothing).
 	SweepExpired(ctx context.Context, limit int, backoff Backoff) (n int, o Outcome, err error)
 	// ExpireDeadlines fails tasks not started by their dispatch deadline.
 	ExpireDeadlines(ctx context.Context, limit int) (n int, o Outcome, err error)

@@ -89,10 +89,12 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			return err
 		}
 		if len(dead) > 0 {
-			if err := t.dropWorkers(dead, store.LeaseExpiredReason); err != nil {
+			// n counts attempts ended, not workers forgotten.
+			ended, err := t.dropWorkers(dead, store.LeaseExpiredReason)
+			if err != nil {
 				return err
 			}
-			n += len(dead)
+			n += ended
 		}
 		// The dropped workers' attempts are ended by the writes queued
 		// above, which go first in this round trip.
@@ -176,22 +178,22 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 // They are read with the running tasks, in the same round trip, and
 // moved (and counted) once: ending a running task returns its chain too
 // (unreserveAfter), which unreserve skips as already moved.
-func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
+func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) (int, error) {
 	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
 	var reserved []reservedTask
 	t.queueReserved("dropping workers", `r.worker_id = ANY($1)`, []any{workerIDs}, &reserved)
 	var held []*runningTask
 	t.queueRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, []any{workerIDs}, &held)
 	if err := t.send(); err != nil {
-		return err
+		return 0, err
 	}
 	if err := t.unreserve(reserved); err != nil {
-		return err
+		return 0, err
 	}
-	for _, rt := range held {
+	for i, rt := range held {
 		if err := t.endAttempt(rt, store.AttemptOutcome{Err: reason(rt.workerID), RetryAfter: -1}); err != nil {
-			return err
+			return i, err
 		}
 	}
-	return nil
+	return len(held), nil
 }

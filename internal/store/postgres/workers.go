@@ -88,7 +88,7 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 			deleted = ct.RowsAffected() > 0
 			return nil
 		})
-		if err := t.dropWorkers([]string{workerID}, func(string) string { return store.DeregisteredReason }); err != nil {
+		if _, err := t.dropWorkers([]string{workerID}, func(string) string { return store.DeregisteredReason }); err != nil {
 			return err
 		}
 		if !deleted {

@@ -111,12 +111,14 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 			if _, err := t.exec(`DELETE FROM workers WHERE id = ?`, id); err != nil {
 				return err
 			}
-			n++
 		}
 		if len(dead) > 0 {
-			if err := t.dropWorkers(dead, store.LeaseExpiredReason); err != nil {
+			// n counts attempts ended, not workers forgotten.
+			ended, err := t.dropWorkers(dead, store.LeaseExpiredReason)
+			if err != nil {
 				return err
 			}
+			n += ended
 		}
 		rows, err = t.tx.QueryContext(ctx, `SELECT `+runningCols+`, timeout_us FROM tasks INDEXED BY tasks_timeout WHERE state = 'running' AND timeout_at IS NOT NULL AND timeout_at < ? LIMIT ?`, t.now, limit)
 		if err != nil {
@@ -239,36 +241,38 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 // attempt number (store.Handover). Ending the running tasks then finds
 // no chain reserved after them (unreserveAfter moves only reserved tasks),
 // so nothing is counted twice.
-func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) error {
+func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) (int, error) {
+	ended := 0
 	for _, workerID := range workerIDs {
 		if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
-			return err
+			return ended, err
 		}
 		if err := t.unreserve(`worker_id = ?`, workerID); err != nil {
-			return err
+			return ended, err
 		}
 		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
 		if err != nil {
-			return err
+			return ended, err
 		}
 		var held []*runningTask
 		for rows.Next() {
 			rt, err := scanRunning(rows)
 			if err != nil {
 				rows.Close()
-				return err
+				return ended, err
 			}
 			held = append(held, rt)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return err
+			return ended, err
 		}
 		for _, rt := range held {
 			if err := t.endAttempt(rt, store.AttemptOutcome{Err: reason(workerID), RetryAfter: -1}); err != nil {
-				return err
+				return ended, err
 			}
+			ended++
 		}
 	}
-	return nil
+	return ended, nil
 }

@@ -112,6 +112,7 @@ func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff s
 		if n, _ := res.RowsAffected(); n == 0 {
 			return store.WorkerNotFound(workerID)
 		}
-		return t.dropWorkers([]string{workerID}, func(string) string { return store.DeregisteredReason })
+		_, err = t.dropWorkers([]string{workerID}, func(string) string { return store.DeregisteredReason })
+		return err
 	})
 }

@@ -14,6 +14,7 @@ import (
 // Leases: workers' leases, heartbeats, and what the sweeper ends (expired
 // leases, timeouts, dispatch deadlines).
 var leaseTests = tests{
+	"SweepCountsAttempts":     testSweepCountsAttempts,
 	"LeaseExpiry":             testLeaseExpiry,
 	"ClaimNeverShortensLease": testClaimNeverShortensLease,
 	"Heartbeat":               testHeartbeat,
@@ -189,5 +190,22 @@ func testDeadline(t *testing.T, ns NewStore) {
 		require.Equal(t, sluice.StateFailed, got.State)
 		require.Regexp(t, `^capacity: `, got.Error)
 	}
+	h.counters()
+}
+
+// SweepExpired counts the attempts it ends, not the workers it forgets.
+func testSweepCountsAttempts(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
+	h.worker("busy", 10, "k")
+	require.Len(t, h.claim("busy", 10), 3)
+	h.worker("idle", 10, "k")
+	h.tick(31 * time.Second)
+	n, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	ws, err := h.st.ListWorkers(h.ctx)
+	require.NoError(t, err)
+	require.Empty(t, ws, "both forgotten")
 	h.counters()
 }
