@@ -259,7 +259,7 @@ func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *defini
 	for i, s := range steps {
 		switch s.State {
 		case sluice.StepRunning:
-			part, err := e.explainStep(ctx, stored[s.Name], s)
+			part, err := e.explainStep(ctx, rec, stored[s.Name], s)
 			if err != nil {
 				return "", err
 			}
@@ -284,7 +284,7 @@ func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *defini
 
 // explainStep explains a running step: its window, and why its first
 // task that does not run is waiting.
-func (e *Engine) explainStep(ctx context.Context, st *store.StepRecord, s sluice.RunStep) (string, error) {
+func (e *Engine) explainStep(ctx context.Context, rec *store.RunRecord, st *store.StepRecord, s sluice.RunStep) (string, error) {
 	head := fmt.Sprintf("step %q", s.Name)
 	if st != nil && st.Items >= 0 {
 		done := st.Items - st.Remaining
@@ -296,22 +296,28 @@ func (e *Engine) explainStep(ctx context.Context, st *store.StepRecord, s sluice
 			}
 		}
 	}
-	for _, id := range s.Tasks {
-		t, err := e.st.GetTask(ctx, id)
-		if errors.Is(err, sluice.ErrNotFound) {
+	// A task that neither runs, waits for the window nor has ended says
+	// why the step is held: one read of the run's tasks in the first such
+	// state the counts show, in lifecycle order (never a read per task).
+	for _, st := range sluice.AllStates {
+		if st.Terminal() || st == sluice.StateWaiting || st == sluice.StateRunning || s.Counts[st] == 0 {
 			continue
 		}
+		tasks, err := e.st.ListTasks(ctx, sluice.TaskFilter{RunID: rec.ID, State: st, Limit: 100}, 0)
 		if err != nil {
 			return "", err
 		}
-		if t.State.Terminal() || t.State == sluice.StateWaiting || t.State == sluice.StateRunning {
-			continue
+		for i := range tasks {
+			t := &tasks[i]
+			if t.Step != s.Name {
+				continue
+			}
+			why, err := e.Explain(ctx, t)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("%s; task %d: %s", head, t.ID, why), nil
 		}
-		why, err := e.Explain(ctx, t)
-		if err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("%s; task %d: %s", head, t.ID, why), nil
 	}
 	return head, nil
 }

@@ -39,3 +39,19 @@ func BenchmarkRender(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkHostile is how long the guards take to stop a hostile
+// expression (a comprehension over a 20,000-item input): the time a
+// template may hold a decision of the orchestrator.
+func BenchmarkHostile(b *testing.B) {
+	tpl, err := CompileString("input.items.map(x, input.items.filter(y, y.a == x.a))", Scope{}, Any)
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := hostileInput()
+	for b.Loop() {
+		if _, err := tpl.Render(Vars{Input: in}); err == nil {
+			b.Fatal("a hostile expression rendered")
+		}
+	}
+}
