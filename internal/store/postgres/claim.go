@@ -334,7 +334,12 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 				runPaused[i] = t.runPausedAs(*rt.runID, rt.runPaused)
 			}
 			state := sluice.StateReady
-			if rt.q.Paused() || runPaused[i] {
+			switch {
+			case rt.cancelRequested:
+				// Its cancel was asked for: handed back unstarted, it
+				// ends cancelled rather than run again.
+				state = sluice.StateCancelled
+			case rt.q.Paused() || runPaused[i]:
 				state = sluice.StatePaused
 			}
 			if err := t.Move(rt.sq, rt.q, sluice.StateRunning, state); err != nil {
@@ -343,9 +348,10 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			back[i], states[i], paused[i] = rt.id, string(state), flow.PausedFrom(state)
 		}
 		t.exec("release", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, run_paused = v.run_paused, attempt = t.attempt - 1,
-				worker_id = NULL, timeout_at = NULL, started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END
+				worker_id = NULL, timeout_at = NULL, started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END,
+				finished_at = CASE WHEN v.state = 'cancelled' THEN $5::bigint END
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[]) AS v(id, state, paused_from, run_paused) WHERE t.id = v.id`,
-			back, states, paused, runPaused)
+			back, states, paused, runPaused, t.now)
 		return nil
 	})
 }

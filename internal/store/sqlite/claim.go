@@ -221,17 +221,27 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			}
 			state := sluice.StateReady
 			var sq *flow.Subqueue
-			if q.Paused() || runPaused {
+			if rt.cancelRequested || q.Paused() || runPaused {
 				if sq, err = t.subqueue(rt.sq); err != nil {
 					return err
 				}
 				state = sluice.StatePaused
+				if rt.cancelRequested {
+					// Its cancel was asked for: handed back unstarted, it
+					// ends cancelled rather than run again.
+					state = sluice.StateCancelled
+				}
 			}
 			if err := t.Move(sq, q, sluice.StateRunning, state); err != nil {
 				return err
 			}
+			var finished any
+			if state == sluice.StateCancelled {
+				finished = t.now
+			}
 			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, attempt = attempt - 1, worker_id = NULL, timeout_at = NULL,
-				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END WHERE id = ?`, state, flow.PausedFrom(state), runPaused, id); err != nil {
+				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END, finished_at = ? WHERE id = ?`,
+				state, flow.PausedFrom(state), runPaused, finished, id); err != nil {
 				return fmt.Errorf("release: %w", err)
 			}
 		}

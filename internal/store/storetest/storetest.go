@@ -44,6 +44,7 @@ var areas = []tests{
 	runTests,
 	scheduleTests,
 	runPauseTests,
+	runPauseModelTests,
 	retryTests,
 }
 

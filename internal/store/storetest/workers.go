@@ -12,9 +12,10 @@ import (
 
 // Workers: releasing tasks, deregistering, and the kinds no worker serves.
 var workerTests = tests{
-	"Release":    testRelease,
-	"Deregister": testDeregister,
-	"Shortfall":  testShortfall,
+	"Release":                testRelease,
+	"ReleaseCancelRequested": testReleaseCancelRequested,
+	"Deregister":             testDeregister,
+	"Shortfall":              testShortfall,
 }
 
 func testRelease(t *testing.T, ns NewStore) {
@@ -70,4 +71,23 @@ func testShortfall(t *testing.T, ns NewStore) {
 	sf, err = h.st.Shortfall(h.ctx)
 	require.NoError(t, err)
 	require.Contains(t, sf, store.Shortfall{Queue: "resize", Kind: "resize", Waiting: 1}, "the only resize worker is full")
+}
+
+// A running task whose cancel was asked for, handed back unstarted, ends
+// cancelled: it never runs again.
+func testReleaseCancelRequested(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	tasks := h.enqueue(store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k")
+	c := h.claim("w", 10)
+	require.Len(t, c, 1)
+	_, _, err := h.st.CancelTask(h.ctx, tasks[0].ID)
+	require.NoError(t, err)
+	_, err = h.st.Release(h.ctx, "w", ids(c))
+	require.NoError(t, err)
+	got := h.get(tasks[0].ID)
+	require.Equal(t, sluice.StateCancelled, got.State)
+	require.NotNil(t, got.FinishedAt)
+	require.Empty(t, h.claim("w", 10))
+	h.counters()
 }
