@@ -99,36 +99,9 @@ step's tasks (the first few and their number when there are many).`,
 			return a.printRun(&c, r)
 		},
 	}
-	cancel := &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel a run: its waiting tasks are cancelled, running ones asked to stop",
-		Long: `Cancel a run that has not ended. Its tasks that have not started are
-cancelled and release their slots, its running tasks have their worker's
-context cancelled, and nothing of it starts afterwards. Prints the
-run's new state.`,
-		Example: `  sluice runs cancel 12`,
-		Args:    exactArgs("ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseRunID(args[0])
-			if err != nil {
-				return err
-			}
-			b, err := c.backend()
-			if err != nil {
-				return err
-			}
-			r, err := b.CancelRun(cmd.Context(), id)
-			if err != nil {
-				return err
-			}
-			if c.json() {
-				return a.printJSON(r)
-			}
-			fmt.Fprintf(a.stdout, "run %d %s\n", r.ID, r.State)
-			return nil
-		},
-	}
-	setPaused := func(use, short, long, example string, call func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error)) *cobra.Command {
+	// runAction is a command that acts on one run and prints its new
+	// state (and, with explain, what it waits for).
+	runAction := func(use, short, long, example string, explain bool, call func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error)) *cobra.Command {
 		return &cobra.Command{
 			Use: use, Short: short, Long: long, Example: example,
 			Args: exactArgs("ID"),
@@ -149,27 +122,36 @@ run's new state.`,
 					return a.printJSON(r)
 				}
 				fmt.Fprintf(a.stdout, "run %d %s\n", r.ID, r.State)
-				if r.Explain != "" {
+				if explain && r.Explain != "" {
 					fmt.Fprintf(a.stdout, "  %s\n", r.Explain)
 				}
 				return nil
 			},
 		}
 	}
-	pause := setPaused("pause ID", "Pause a run: nothing of it starts; running tasks finish",
+	cancel := runAction("cancel ID", "Cancel a run: its waiting tasks are cancelled, running ones asked to stop",
+		`Cancel a run that has not ended. Its tasks that have not started are
+cancelled and release their slots, its running tasks have their worker's
+context cancelled, and nothing of it starts afterwards. Prints the
+run's new state.`,
+		`  sluice runs cancel 12`, false,
+		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) {
+			return b.CancelRun(ctx, id)
+		})
+	pause := runAction("pause ID", "Pause a run: nothing of it starts; running tasks finish",
 		`Pause a run. Nothing of it starts until it is resumed: its tasks that
 wait become paused and remember where they were (a ready task gives its
 slot back). Its running tasks run to completion and their results are
 kept; what their ends would start waits paused. Pausing twice changes
 nothing.`,
-		`  sluice runs pause 12`,
+		`  sluice runs pause 12`, true,
 		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) { return b.PauseRun(ctx, id) })
-	resume := setPaused("resume ID", "Resume a paused run: its tasks return to where they were",
+	resume := runAction("resume ID", "Resume a paused run: its tasks return to where they were",
 		`Resume a paused run. Each paused task returns to the state it left (a
 task backing off to scheduled, the others to the wait list, taking slots
 as the limits allow), and what became runnable starts. Resuming twice
 changes nothing.`,
-		`  sluice runs resume 12`,
+		`  sluice runs resume 12`, true,
 		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) {
 			return b.ResumeRun(ctx, id)
 		})

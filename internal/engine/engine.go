@@ -373,27 +373,40 @@ func (e *Engine) ListTasks(ctx context.Context, f sluice.TaskFilter) (*sluice.Ta
 	if err := validateFilter(&f); err != nil {
 		return nil, err
 	}
-	var after int64
-	if f.After != "" {
-		v, err := strconv.ParseInt(f.After, 10, 64)
-		if err != nil || v <= 0 {
-			return nil, sluice.Invalid("after", "not a cursor from a previous page")
-		}
-		after = v
-	}
-	tasks, err := e.st.ListTasks(ctx, f, after)
+	tasks, next, err := pageOf(f.After, f.Limit, func(after int64) ([]sluice.Task, error) { return e.st.ListTasks(ctx, f, after) },
+		func(t sluice.Task) int64 { return t.ID })
 	if err != nil {
 		return nil, err
 	}
-	page := &sluice.TaskPage{Tasks: tasks}
-	if len(tasks) > f.Limit {
-		page.Tasks = tasks[:f.Limit]
-		page.Next = strconv.FormatInt(page.Tasks[f.Limit-1].ID, 10)
+	return &sluice.TaskPage{Tasks: tasks, Next: next}, nil
+}
+
+// pageOf reads one page of a list, newest first: list returns up to
+// limit+1 items with ids below the cursor after (0: from the newest); the
+// page is the first limit, Next the cursor of the rest ("" on the last
+// page). A cursor that is not one is a bad request.
+func pageOf[T any](after string, limit int, list func(after int64) ([]T, error), id func(T) int64) ([]T, string, error) {
+	var from int64
+	if after != "" {
+		v, err := strconv.ParseInt(after, 10, 64)
+		if err != nil || v <= 0 {
+			return nil, "", sluice.Invalid("after", "not a cursor from a previous page")
+		}
+		from = v
 	}
-	if page.Tasks == nil {
-		page.Tasks = []sluice.Task{}
+	items, err := list(from)
+	if err != nil {
+		return nil, "", err
 	}
-	return page, nil
+	next := ""
+	if len(items) > limit {
+		items = items[:limit]
+		next = strconv.FormatInt(id(items[limit-1]), 10)
+	}
+	if items == nil {
+		items = []T{}
+	}
+	return items, next, nil
 }
 
 // CancelTask cancels a task; a running one is told through its worker.

@@ -338,27 +338,12 @@ func (e *Engine) ListRuns(ctx context.Context, f sluice.RunFilter) (*sluice.RunP
 	if f.Limit < 0 || f.Limit > 1000 {
 		return nil, sluice.Invalid("limit", "must be between 1 and 1000")
 	}
-	var after int64
-	if f.After != "" {
-		v, err := strconv.ParseInt(f.After, 10, 64)
-		if err != nil || v <= 0 {
-			return nil, sluice.Invalid("after", "not a cursor from a previous page")
-		}
-		after = v
-	}
-	runs, err := e.st.ListRuns(ctx, f, after)
+	runs, next, err := pageOf(f.After, f.Limit, func(after int64) ([]sluice.Run, error) { return e.st.ListRuns(ctx, f, after) },
+		func(r sluice.Run) int64 { return r.ID })
 	if err != nil {
 		return nil, err
 	}
-	page := &sluice.RunPage{Runs: runs}
-	if len(runs) > f.Limit {
-		page.Runs = runs[:f.Limit]
-		page.Next = strconv.FormatInt(page.Runs[f.Limit-1].ID, 10)
-	}
-	if page.Runs == nil {
-		page.Runs = []sluice.Run{}
-	}
-	return page, nil
+	return &sluice.RunPage{Runs: runs, Next: next}, nil
 }
 
 // CancelRun cancels a run: its waiting tasks at once, its running ones
