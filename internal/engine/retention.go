@@ -66,6 +66,21 @@ func (s *retention) runOnce(ctx context.Context) (int, error) {
 		s.deps.metrics.retained.Add(float64(total))
 		s.log.Info("deleted finished tasks past retention", "count", total, "retention", s.cfg.Retention)
 	}
+	// Finished runs too, with their steps (and any task of theirs left).
+	runs := 0
+	for ctx.Err() == nil {
+		n, err := s.deps.st.DeleteFinishedRuns(ctx, s.deps.now().Add(-s.cfg.Retention), retentionBatch)
+		runs += n
+		if err != nil {
+			return total, err
+		}
+		if n < retentionBatch || s.stopRequested() {
+			break
+		}
+	}
+	if runs > 0 {
+		s.log.Info("deleted finished runs past retention", "count", runs, "retention", s.cfg.Retention)
+	}
 	return total, nil
 }
 

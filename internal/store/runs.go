@@ -83,6 +83,11 @@ type RunStore interface {
 	// resumes it (its queued runs start as its concurrency allows; with
 	// runs, its paused runs are resumed).
 	SetWorkflowPaused(ctx context.Context, name string, paused, runs bool) (Outcome, error)
+	// DeleteFinishedRuns deletes up to limit runs that finished before
+	// before, oldest first, whose tasks have all ended, with their steps,
+	// events and tasks (and the tasks' attempts), in one short
+	// transaction, and returns how many runs.
+	DeleteFinishedRuns(ctx context.Context, before time.Time, limit int) (int, error)
 
 	ScheduleStore
 }

@@ -166,6 +166,27 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 	return n, nil
 }
 
+// DeleteFinishedRuns deletes finished runs past retention; see
+// store.RunStore. One statement.
+func (s *Store) DeleteFinishedRuns(ctx context.Context, before time.Time, limit int) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH r AS MATERIALIZED (
+			SELECT r.id FROM runs r
+			WHERE r.state IN ('succeeded', 'failed', 'cancelled') AND r.finished_at < $1
+			AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state NOT IN ('succeeded', 'failed', 'cancelled'))
+			ORDER BY r.finished_at LIMIT $2),
+		t AS (DELETE FROM tasks WHERE run_id IN (SELECT id FROM r) RETURNING id),
+		a AS (DELETE FROM attempts WHERE task_id IN (SELECT id FROM t)),
+		st AS (DELETE FROM run_steps WHERE run_id IN (SELECT id FROM r)),
+		ev AS (DELETE FROM run_events WHERE run_id IN (SELECT id FROM r)),
+		del AS (DELETE FROM runs WHERE id IN (SELECT id FROM r) RETURNING id)
+		SELECT count(*) FROM del`, store.US(before), limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("run retention: %w", unavailable(err))
+	}
+	return n, nil
+}
+
 // dropWorkers ends the attempts gone workers still hold; each goes back to
 // the flow at once (no backoff), counted as an attempt. One round trip for
 // all the workers.

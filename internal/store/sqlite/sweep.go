@@ -231,6 +231,49 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 	return n, err
 }
 
+// DeleteFinishedRuns deletes finished runs past retention; see
+// store.RunStore.
+func (s *Store) DeleteFinishedRuns(ctx context.Context, before time.Time, limit int) (int, error) {
+	var n int
+	err := s.tx(ctx, func(tx *wtx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT r.id FROM runs r INDEXED BY runs_finished
+			WHERE r.state IN ('succeeded', 'failed', 'cancelled') AND r.finished_at < ?
+			AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = r.id AND t.state NOT IN ('succeeded', 'failed', 'cancelled'))
+			ORDER BY r.finished_at LIMIT ?`, store.US(before), limit)
+		if err != nil {
+			return fmt.Errorf("run retention: %w", err)
+		}
+		var ids []any
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(ids) == 0 {
+			return err
+		}
+		in := "?" + strings.Repeat(",?", len(ids)-1)
+		for _, q := range []string{
+			`DELETE FROM attempts WHERE task_id IN (SELECT id FROM tasks WHERE run_id IN (` + in + `))`,
+			`DELETE FROM tasks WHERE run_id IN (` + in + `)`,
+			`DELETE FROM run_steps WHERE run_id IN (` + in + `)`,
+			`DELETE FROM run_events WHERE run_id IN (` + in + `)`,
+			`DELETE FROM runs WHERE id IN (` + in + `)`,
+		} {
+			if _, err := tx.ExecContext(ctx, q, ids...); err != nil {
+				return fmt.Errorf("run retention: %w", err)
+			}
+		}
+		n = len(ids)
+		return nil
+	})
+	return n, err
+}
+
 // dropWorkers ends the attempts gone workers still hold; each goes back
 // to the flow at once (no backoff), counted as an attempt.
 //
