@@ -22,7 +22,11 @@ func (e *Engine) newServices() {
 	e.retention = newRetention(deps, retentionConfig{Retention: e.cfg.Retention, Interval: e.cfg.RetentionInterval})
 	e.provisioner = newProvisioner(deps, e.cfg.Provisioner, e.cfg.SweepInterval)
 	e.defs = newDefinitions(e.st)
-	e.orchestrator = newOrchestrator(deps, orchestratorConfig{Poll: orchestratorPoll,
+	parallel := 1
+	if cw, ok := e.st.(store.ConcurrentWriter); ok && cw.ConcurrentWrites() {
+		parallel = orchestratorParallel
+	}
+	e.orchestrator = newOrchestrator(deps, orchestratorConfig{Poll: orchestratorPoll, Parallel: parallel,
 		Defaults: orchestrate.Defaults{MaxAttempts: e.cfg.DefaultMaxAttempts}}, e.defs, e.afterRun)
 	e.cron = newCronService(deps, cronConfig{MaxWait: schedulerMaxWait}, e.newRun,
 		func() store.Limits { return store.Limits{MaxActive: e.cfg.MaxActive} }, e.after)

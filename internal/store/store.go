@@ -334,6 +334,15 @@ type Notifier interface {
 	Listen(ctx context.Context, onReady func()) error
 }
 
+// ConcurrentWriter is implemented by stores whose write transactions
+// run in parallel on several connections (PostgreSQL): work that is a
+// transaction per item (the orchestrator's decisions) gains from issuing
+// several at once there, while on a store with one writer (SQLite) the
+// extra transactions only queue in front of the completions.
+type ConcurrentWriter interface {
+	ConcurrentWrites() bool
+}
+
 // Leader is implemented by stores that several servers share, so that the
 // background services (sweeper, scheduler, retention, provisioner) run on
 // one server at a time. TryLead returns ok when this server now leads;

@@ -89,6 +89,12 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
+var _ store.ConcurrentWriter = (*Store)(nil)
+
+// ConcurrentWrites reports that write transactions run in parallel on
+// the pool's connections (store.ConcurrentWriter).
+func (s *Store) ConcurrentWrites() bool { return true }
+
 // Option configures Open.
 type Option func(*Store)
 

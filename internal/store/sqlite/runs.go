@@ -214,6 +214,7 @@ func (t *txn) createStep(runID int64, ns *store.NewStep, paused bool) error {
 	if err != nil {
 		return fmt.Errorf("creating step %q: %w", ns.Name, err)
 	}
+	var waitingTasks []*store.NewTask
 	for i := range ns.Tasks {
 		nt := &ns.Tasks[i]
 		place := &store.RunPlace{RunID: runID, StepID: stepID, Waiting: int64(i) >= active}
@@ -223,8 +224,55 @@ func (t *txn) createStep(runID int64, ns *store.NewStep, paused bool) error {
 			place.Item = &item
 		}
 		nt.Run = place
+		if place.Waiting {
+			waitingTasks = append(waitingTasks, nt)
+			continue
+		}
 		if _, err := t.insert(nt); err != nil {
 			return fmt.Errorf("step %q: %w", ns.Name, err)
+		}
+	}
+	if err := t.insertWaiting(waitingTasks); err != nil {
+		return fmt.Errorf("step %q: %w", ns.Name, err)
+	}
+	return nil
+}
+
+// waitingBatch is how many waiting items one INSERT writes.
+const waitingBatch = 100
+
+// insertWaiting adds a fan-out's items beyond its window, in state
+// waiting, several rows per statement: they take no slot and rank in no
+// wait list, so each needs only its counter move (flow) and its row.
+func (t *txn) insertWaiting(nts []*store.NewTask) error {
+	const cols = 18
+	for len(nts) > 0 {
+		batch := nts[:min(len(nts), waitingBatch)]
+		nts = nts[len(batch):]
+		args := make([]any, 0, len(batch)*cols)
+		for _, nt := range batch {
+			q, err := t.queue(nt.Queue, true)
+			if err != nil {
+				return err
+			}
+			sq, err := t.subqueueFor(q, nt.ConcurrencyKey)
+			if err != nil {
+				return err
+			}
+			if err := t.Move(sq, q, flow.New, sluice.StateWaiting); err != nil {
+				return err
+			}
+			run, step, item, _ := nt.Run.Columns()
+			args = append(args, nt.Kind, nt.Queue, nt.ConcurrencyKey, sq.ID(), nt.Priority, sluice.StateWaiting, nt.MaxAttempts,
+				store.JSONOrNull(nt.Input), nt.Timeout.Microseconds(), nt.RunAtUS(t.now), nt.DeadlineUS(t.now), t.now,
+				run, step, item, false, 0, 0)
+		}
+		row := "(?" + strings.Repeat(", ?", cols-1) + ")"
+		_, err := t.exec(`INSERT INTO tasks (kind, queue, ckey, sq, priority, state, max_attempts, input, timeout_us, run_at,
+			dispatch_deadline_at, created_at, run_id, step_id, item, windowed, run_paused, rank)
+			VALUES `+row+strings.Repeat(", "+row, len(batch)-1), args...)
+		if err != nil {
+			return fmt.Errorf("inserting waiting items: %w", err)
 		}
 	}
 	return nil
