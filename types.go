@@ -234,10 +234,12 @@ type Queue struct {
 
 // WorkerInfo is a worker as GET /v1/workers returns it.
 type WorkerInfo struct {
-	ID              string    `json:"id"`
-	Name            string    `json:"name"`
-	Kinds           []string  `json:"kinds"`
-	Slots           int       `json:"slots"`
+	ID    string   `json:"id"`
+	Name  string   `json:"name"`
+	Kinds []string `json:"kinds"`
+	Slots int      `json:"slots"`
+	// FreeSlots is the fewer of what the worker's last heartbeat
+	// reported and its slots less the tasks it runs now.
 	FreeSlots       int       `json:"free_slots"`
 	Running         int       `json:"running"`
 	StartedAt       time.Time `json:"started_at"`

@@ -379,6 +379,11 @@ func AddWorkerTasks(workers []sluice.WorkerInfo, rows Rows) error {
 			workers[i].Running++
 		}
 	}
+	// A heartbeat's report of free slots lags the tasks the server has
+	// since handed out: never show more free than slots less running.
+	for i := range workers {
+		workers[i].FreeSlots = max(0, min(workers[i].FreeSlots, workers[i].Slots-workers[i].Running))
+	}
 	return rows.Err()
 }
 

@@ -14,6 +14,7 @@ import (
 var workerTests = tests{
 	"Release":                testRelease,
 	"ReleaseCancelRequested": testReleaseCancelRequested,
+	"WorkerFreeSlotsHonest":  testWorkerFreeSlotsHonest,
 	"Deregister":             testDeregister,
 	"Shortfall":              testShortfall,
 }
@@ -90,4 +91,22 @@ func testReleaseCancelRequested(t *testing.T, ns NewStore) {
 	require.NotNil(t, got.FinishedAt)
 	require.Empty(t, h.claim("w", 10))
 	h.counters()
+}
+
+// A worker's free slots never show more than its slots less the tasks it
+// runs, whatever its last heartbeat (sent before its latest claim) said.
+func testWorkerFreeSlotsHonest(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
+	h.worker("w", 10, "k")
+	require.Len(t, h.claim("w", 10), 3)
+	ws, err := h.st.ListWorkers(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, ws[0].Running)
+	require.Equal(t, 7, ws[0].FreeSlots)
+	_, _, _, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{FreeSlots: 5, Slots: 10}, 30*time.Second)
+	require.NoError(t, err)
+	ws, err = h.st.ListWorkers(h.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 5, ws[0].FreeSlots, "a lower report stands")
 }
