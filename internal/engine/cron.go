@@ -62,26 +62,10 @@ func (c *cronService) Start(ctx context.Context) error {
 }
 
 func (c *cronService) run(stop, work context.Context) {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-stop.Done():
-			return
-		case <-timer.C:
-		case <-c.kicks:
-		}
-		next, err := c.runOnce(work)
-		if err != nil && work.Err() == nil {
-			c.log.Error("cron failed", "err", err)
-		}
-		c.passed.signal()
-		wait := c.cfg.MaxWait
-		if !next.IsZero() {
-			wait = min(wait, max(time.Millisecond, next.Sub(c.deps.now())))
-		}
-		timer.Reset(wait)
-	}
+	c.woken(stop, work, c.kicks, &c.passed, func(ctx context.Context) (time.Duration, error) {
+		next, err := c.runOnce(ctx)
+		return untilNext(c.cfg.MaxWait, next, c.deps.now()), err
+	})
 }
 
 // cronParser reads the 5-field cron syntax and descriptors (@hourly).

@@ -72,21 +72,9 @@ func (o *orchestrator) Start(ctx context.Context) error {
 }
 
 func (o *orchestrator) run(stop, work context.Context) {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-stop.Done():
-			return
-		case <-timer.C:
-		case <-o.wakes:
-		}
-		if err := o.runOnce(work); err != nil && work.Err() == nil {
-			o.log.Error("orchestrator failed", "err", err)
-		}
-		o.passed.signal()
-		timer.Reset(o.cfg.Poll)
-	}
+	o.woken(stop, work, o.wakes, &o.passed, func(ctx context.Context) (time.Duration, error) {
+		return o.cfg.Poll, o.runOnce(ctx)
+	})
 }
 
 // runOnce handles every pending run event.

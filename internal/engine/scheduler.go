@@ -45,26 +45,19 @@ func (s *scheduler) Start(ctx context.Context) error {
 }
 
 func (s *scheduler) run(stop, work context.Context) {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-stop.Done():
-			return
-		case <-timer.C:
-		case <-s.kicks:
-		}
-		next, err := s.runOnce(work)
-		if err != nil && work.Err() == nil {
-			s.log.Error("scheduler failed", "err", err)
-		}
-		s.passed.signal()
-		wait := s.cfg.MaxWait
-		if !next.IsZero() {
-			wait = min(wait, max(time.Millisecond, next.Sub(s.deps.now())))
-		}
-		timer.Reset(wait) // since Go 1.23, no stale tick survives a Reset
+	s.woken(stop, work, s.kicks, &s.passed, func(ctx context.Context) (time.Duration, error) {
+		next, err := s.runOnce(ctx)
+		return untilNext(s.cfg.MaxWait, next, s.deps.now()), err
+	})
+}
+
+// untilNext is how long to sleep for work due at next (zero: none known)
+// at now: at most most, at least a millisecond.
+func untilNext(most time.Duration, next, now time.Time) time.Duration {
+	if next.IsZero() {
+		return most
 	}
+	return min(most, max(time.Millisecond, next.Sub(now)))
 }
 
 // runOnce moves every due scheduled task on and returns when the next

@@ -137,6 +137,30 @@ func (b *serviceBase) every(stop, work context.Context, interval time.Duration, 
 	}
 }
 
+// woken runs pass at once, then again when kicks fires or when the wait
+// pass returned has passed, until stop ends: the loop of the services
+// that sleep until their next piece of work is due and are woken early
+// when work arrives (the scheduler, cron, the orchestrator). Each pass
+// runs under work; its error is logged, and passed signalled.
+func (b *serviceBase) woken(stop, work context.Context, kicks <-chan struct{}, passed *testSignal, pass func(context.Context) (time.Duration, error)) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop.Done():
+			return
+		case <-timer.C:
+		case <-kicks:
+		}
+		wait, err := pass(work)
+		if err != nil && work.Err() == nil {
+			b.log.Error("background service failed", "service", b.name, "err", err)
+		}
+		passed.signal()
+		timer.Reset(wait) // since Go 1.23, no stale tick survives a Reset
+	}
+}
+
 // stopAll stops the services at once (each runs its soft stop while the
 // others do) and waits for all of them.
 func stopAll(ctx context.Context, services ...service) error {
