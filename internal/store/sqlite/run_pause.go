@@ -67,28 +67,9 @@ func (t *txn) pauseRun(id int64) error {
 		return fmt.Errorf("pausing run %d: %w", id, err)
 	}
 	t.setRunPaused(id, true)
-	type task struct {
-		id, sq int64
-		state  sluice.TaskState
-		queue  string
-	}
-	var tasks []task
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, state, queue FROM tasks INDEXED BY tasks_run
-		WHERE run_id = ? AND state IN ('scheduled', 'queued', 'ready', 'reserved', 'paused')`, id)
+	tasks, err := t.runTasks(`state`, `state IN ('scheduled', 'queued', 'ready', 'reserved', 'paused')`, id)
 	if err != nil {
 		return fmt.Errorf("pausing run %d: %w", id, err)
-	}
-	for rows.Next() {
-		var x task
-		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue); err != nil {
-			rows.Close()
-			return err
-		}
-		tasks = append(tasks, x)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	for _, x := range tasks {
 		if x.state == sluice.StatePaused {
@@ -180,35 +161,16 @@ func (t *txn) resumeRun(id int64) error {
 		return fmt.Errorf("resuming run %d: %w", id, err)
 	}
 	t.setRunPaused(id, false)
-	type task struct {
-		id, sq int64
-		from   sluice.TaskState
-		queue  string
-	}
-	var tasks []task
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, paused_from, queue FROM tasks INDEXED BY tasks_run
-		WHERE run_id = ? AND state = 'paused' AND run_paused = 1`, id)
+	tasks, err := t.runTasks(`paused_from`, `state = 'paused' AND run_paused = 1`, id)
 	if err != nil {
 		return fmt.Errorf("resuming run %d: %w", id, err)
-	}
-	for rows.Next() {
-		var x task
-		if err := rows.Scan(&x.id, &x.sq, &x.from, &x.queue); err != nil {
-			rows.Close()
-			return err
-		}
-		tasks = append(tasks, x)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	for _, x := range tasks {
 		q, err := t.queue(x.queue, false)
 		if err != nil {
 			return err
 		}
-		if q.Paused() && x.from == sluice.StateQueued {
+		if q.Paused() && x.state == sluice.StateQueued {
 			// Its queue is paused: it stays paused, for the queue's
 			// resume.
 			if _, err := t.exec(`UPDATE tasks SET run_paused = 0 WHERE id = ?`, x.id); err != nil {
@@ -220,29 +182,19 @@ func (t *txn) resumeRun(id int64) error {
 		if err != nil {
 			return err
 		}
-		if err := t.Move(sq, q, sluice.StatePaused, x.from); err != nil {
+		if err := t.Move(sq, q, sluice.StatePaused, x.state); err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = NULL, run_paused = 0 WHERE id = ?`, x.from, x.id); err != nil {
+		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = NULL, run_paused = 0 WHERE id = ?`, x.state, x.id); err != nil {
 			return err
 		}
 	}
 	// Windows that an end made room in while the run was paused let
 	// their next items in now.
-	rows, err = t.tx.QueryContext(t.ctx, `SELECT id FROM run_steps WHERE run_id = ? AND state = 'running' AND waiting > 0`, id)
+	steps, err := t.ids(`SELECT id FROM run_steps WHERE run_id = ? AND state = 'running' AND waiting > 0`, id)
 	if err != nil {
 		return err
 	}
-	var steps []int64
-	for rows.Next() {
-		var sid int64
-		if err := rows.Scan(&sid); err != nil {
-			rows.Close()
-			return err
-		}
-		steps = append(steps, sid)
-	}
-	rows.Close()
 	for _, sid := range steps {
 		st, err := t.step(sid)
 		if err != nil {
@@ -307,7 +259,6 @@ func (s *Store) SetWorkflowPaused(ctx context.Context, name string, paused, runs
 		} else if _, err := t.exec(`DELETE FROM workflow_pauses WHERE name = ?`, name); err != nil {
 			return fmt.Errorf("resuming workflow %q: %w", name, err)
 		}
-		var ids []int64
 		q := `SELECT id FROM runs INDEXED BY runs_workflow WHERE workflow = ? AND state = 'queued' ORDER BY id`
 		switch {
 		case paused && runs:
@@ -317,20 +268,8 @@ func (s *Store) SetWorkflowPaused(ctx context.Context, name string, paused, runs
 		case runs:
 			q = `SELECT id FROM runs INDEXED BY runs_workflow WHERE workflow = ? AND state IN ('queued', 'paused') ORDER BY id`
 		}
-		rows, err := t.tx.QueryContext(t.ctx, q, name)
+		ids, err := t.ids(q, name)
 		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return err
-			}
-			ids = append(ids, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return err
 		}
 		for _, id := range ids {

@@ -336,22 +336,9 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 // endRunTasks ends a run's unfinished steps (cancelled) and tasks: those
 // waiting end cancelled, running ones get cancel requested.
 func (t *txn) endRunTasks(runID int64) error {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id FROM run_steps WHERE run_id = ? AND state = 'running'`, runID)
+	ids, err := t.ids(`SELECT id FROM run_steps WHERE run_id = ? AND state = 'running'`, runID)
 	if err != nil {
 		return fmt.Errorf("steps of run %d: %w", runID, err)
-	}
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return err
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	for _, id := range ids {
 		st, err := t.step(id)
@@ -360,28 +347,9 @@ func (t *txn) endRunTasks(runID int64) error {
 		}
 		st.SetState(sluice.StepCancelled)
 	}
-	type task struct {
-		id, sq int64
-		state  sluice.TaskState
-		queue  string
-	}
-	var tasks []task
-	rows, err = t.tx.QueryContext(t.ctx, `SELECT id, sq, state, queue FROM tasks INDEXED BY tasks_run
-		WHERE run_id = ? AND state NOT IN ('succeeded', 'failed', 'cancelled')`, runID)
+	tasks, err := t.runTasks(`state`, `state NOT IN ('succeeded', 'failed', 'cancelled')`, runID)
 	if err != nil {
 		return fmt.Errorf("tasks of run %d: %w", runID, err)
-	}
-	for rows.Next() {
-		var x task
-		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue); err != nil {
-			rows.Close()
-			return err
-		}
-		tasks = append(tasks, x)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	for _, x := range tasks {
 		if x.state == sluice.StateRunning {
@@ -432,4 +400,49 @@ func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, stor
 	}
 	run, err := s.getRun(ctx, s.w, id)
 	return run, o, err
+}
+
+// runTask is a task of a run as the run's pause, resume and end read it:
+// its state (or, as the caller's column says, the state it left).
+type runTask struct {
+	id, sq int64
+	state  sluice.TaskState
+	queue  string
+}
+
+// runTasks reads the tasks of run runID that match cond, with column
+// stateCol as their state.
+func (t *txn) runTasks(stateCol, cond string, runID int64) ([]runTask, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, `+stateCol+`, queue FROM tasks INDEXED BY tasks_run WHERE run_id = ? AND `+cond, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []runTask
+	for rows.Next() {
+		var x runTask
+		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue); err != nil {
+			return nil, err
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+// ids reads a column of ids.
+func (t *txn) ids(q string, args ...any) ([]int64, error) {
+	rows, err := t.tx.QueryContext(t.ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
 }
