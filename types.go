@@ -46,10 +46,12 @@ const (
 	// room in the step's window (its concurrency). Holds no slot; the
 	// end of an item in the window moves the next one to queued.
 	StateWaiting TaskState = "waiting"
+	// StateSuspended: a running task waiting for a child.
+	StateSuspended TaskState = "suspended"
 )
 
 // AllStates lists every state, in lifecycle order.
-var AllStates = []TaskState{StateWaiting, StateScheduled, StateQueued, StateReserved, StateReady, StateRunning, StateSucceeded, StateFailed, StateCancelled, StatePaused}
+var AllStates = []TaskState{StateWaiting, StateScheduled, StateQueued, StateReserved, StateReady, StateRunning, StateSuspended, StateSucceeded, StateFailed, StateCancelled, StatePaused}
 
 // Valid reports whether s is a known state.
 func (s TaskState) Valid() bool {

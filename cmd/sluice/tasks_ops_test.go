@@ -243,7 +243,7 @@ func TestCLITasksCancelUsage(t *testing.T) {
 		{[]string{"tasks", "cancel"}, "missing ID, or a filter (--queue, --state, --kind, --key)"},
 		{[]string{"tasks", "cancel", "1", "x"}, `ID: want a positive task id, got "x"`},
 		{[]string{"tasks", "cancel", "1", "--queue", "q"}, "give task ids or a filter"},
-		{[]string{"tasks", "cancel", "--queue", "q", "--state", "succeeded", "--yes"}, "--state: want an unfinished state (one of waiting, scheduled, queued, reserved, ready, running, paused)"},
+		{[]string{"tasks", "cancel", "--queue", "q", "--state", "succeeded", "--yes"}, "--state: want an unfinished state (one of waiting, scheduled, queued, reserved, ready, running, suspended, paused)"},
 		{[]string{"tasks", "cancel", "--state", "bogus", "--yes"}, `got "bogus"`},
 		{[]string{"tasks", "cancel", "--kind", "k"}, "standard input is not a terminal: add --yes"},
 		{[]string{"tasks", "retry"}, "missing ID"},

@@ -214,6 +214,7 @@ type EnvStatus struct {
 // waited for a completion's transaction never records a start before that
 // completion's finish).
 type Store interface {
+	ChildStore
 	// SetClock replaces the clock (time.Now by default); the engine passes
 	// its own so tests control time. Call it before any other method.
 	SetClock(now func() time.Time)

@@ -371,8 +371,8 @@ func (c *Counters) MoveN(sq *Subqueue, q *Queue, from, to sluice.TaskState, n in
 		sq.queued += e.Queued * n
 		sq.dirty = true
 	}
-	if e.Slot != 0 || e.Active != 0 {
-		c.Env.running += e.Slot * n
+	if e.Slot != 0 || e.Env != 0 || e.Active != 0 {
+		c.Env.running += (e.Slot + e.Env) * n
 		c.Env.active += e.Active * n
 		c.Env.dirty = true
 	}
@@ -391,7 +391,7 @@ func (c *Counters) check(e Effect, sq *Subqueue, q *Queue, from, to sluice.TaskS
 		return &RowError{From: from, To: to, Row: "sub-queue"}
 	case e.Active != 0 && q == nil:
 		return &RowError{From: from, To: to, Row: "queue"}
-	case (e.Slot != 0 || e.Active != 0) && c.Env == nil:
+	case (e.Slot != 0 || e.Env != 0 || e.Active != 0) && c.Env == nil:
 		return &RowError{From: from, To: to, Row: "environment"}
 	}
 	return nil
@@ -413,7 +413,7 @@ func (c *Counters) MoveSet(from, to sluice.TaskState, n int64) (Effect, error) {
 	if e.Slot > 0 && to == sluice.StateReady {
 		return e, &RowError{From: from, To: to, Row: "sub-queue (a set-based move cannot rank tasks)"}
 	}
-	envShare := e.Slot != 0 || e.Active != 0
+	envShare := e.Slot != 0 || e.Env != 0 || e.Active != 0
 	if n < 0 {
 		if envShare {
 			return e, &RowError{From: from, To: to, Row: "count of tasks (it changes the environment's counters)"}
@@ -424,7 +424,7 @@ func (c *Counters) MoveSet(from, to sluice.TaskState, n int64) (Effect, error) {
 		if c.Env == nil {
 			return e, &RowError{From: from, To: to, Row: "environment"}
 		}
-		c.Env.running += e.Slot * n
+		c.Env.running += (e.Slot + e.Env) * n
 		c.Env.active += e.Active * n
 		c.Env.dirty = true
 	}

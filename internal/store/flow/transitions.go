@@ -22,6 +22,10 @@ type Effect struct {
 	// Active: +1 is a new unfinished task, -1 a task that finished
 	// (active of its queue and of the environment).
 	Active int64
+	// Env: +1 takes a slot of the environment alone, -1 gives one back
+	// (added to Slot's share of the environment): a suspended task holds
+	// its sub-queue's slot but not the environment's.
+	Env int64
 }
 
 // transitions is the table of allowed task moves, from → to, with what
@@ -88,6 +92,26 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{sluice.StateRunning, sluice.StatePaused}:    {Slot: -1},
 	{sluice.StateRunning, sluice.StateReady}:     {},
 
+	// Running → suspended: the task waits for a child (WaitStep). It
+	// gives back its environment slot and keeps its sub-queue's, unless
+	// it lends that too (Counters.Lend, before the move back: Unlend).
+	{sluice.StateRunning, sluice.StateSuspended}: {Env: -1},
+
+	// Suspended (holds its sub-queue slot, not the environment's; still
+	// with its worker): its child ended and it takes the environment
+	// slot back (running), or waits for its slots on the wait list
+	// (queued, still held by its worker: the refill makes it ready and
+	// its worker's wait call runs it); or its attempt ends while it
+	// waits — a result, a cancel, a gone worker — in a final state or
+	// for a retry, as a running task's would.
+	{sluice.StateSuspended, sluice.StateRunning}:   {Env: +1},
+	{sluice.StateSuspended, sluice.StateQueued}:    {Slot: -1, Env: +1, Queued: +1},
+	{sluice.StateSuspended, sluice.StateScheduled}: {Slot: -1, Env: +1},
+	{sluice.StateSuspended, sluice.StatePaused}:    {Slot: -1, Env: +1},
+	{sluice.StateSuspended, sluice.StateSucceeded}: {Slot: -1, Env: +1, Active: -1},
+	{sluice.StateSuspended, sluice.StateFailed}:    {Slot: -1, Env: +1, Active: -1},
+	{sluice.StateSuspended, sluice.StateCancelled}: {Slot: -1, Env: +1, Active: -1},
+
 	// Reserved (handover; holds no slot, not on the wait list): handed
 	// the slot its predecessor released (which no refill saw free),
 	// returned to the wait list (paused if its queue is) when its chain
@@ -143,7 +167,7 @@ var table = func() (t [numStates][numStates]struct {
 }()
 
 // numStates is New and the states of sluice.AllStates.
-const numStates = 11
+const numStates = 12
 
 // stateIndex is a state's index in table, or -1.
 func stateIndex(s sluice.TaskState) int {
@@ -170,6 +194,8 @@ func stateIndex(s sluice.TaskState) int {
 		return 9
 	case sluice.StateWaiting:
 		return 10
+	case sluice.StateSuspended:
+		return 11
 	}
 	return -1
 }

@@ -14,7 +14,9 @@ import (
 
 // holds is what a task in a state counts in, by the counters' definitions
 // (the same as store.Store.CheckCounters recomputes): a slot while ready
-// or running, the wait list while queued, active while unfinished.
+// or running, the wait list while queued, active while unfinished; a
+// suspended task its sub-queue's slot alone (Slot 1, Env -1: the
+// environment's share is Slot + Env).
 func holds(s sluice.TaskState) flow.Effect {
 	var h flow.Effect
 	if s == flow.New {
@@ -22,6 +24,9 @@ func holds(s sluice.TaskState) flow.Effect {
 	}
 	if s == sluice.StateReady || s == sluice.StateRunning {
 		h.Slot = 1
+	}
+	if s == sluice.StateSuspended {
+		h.Slot, h.Env = 1, -1
 	}
 	if s == sluice.StateQueued {
 		h.Queued = 1
@@ -62,6 +67,15 @@ var allowed = map[[2]sluice.TaskState]string{
 	{sluice.StateRunning, sluice.StateQueued}:    "retry at once",
 	{sluice.StateRunning, sluice.StatePaused}:    "retry at once or Release, queue paused",
 	{sluice.StateRunning, sluice.StateReady}:     "Release",
+
+	{sluice.StateRunning, sluice.StateSuspended}:   "WaitStep: waits for a child",
+	{sluice.StateSuspended, sluice.StateRunning}:   "WaitStep: child ended, room",
+	{sluice.StateSuspended, sluice.StateQueued}:    "WaitStep: child ended, no room; SweepExpired, retry at once",
+	{sluice.StateSuspended, sluice.StateScheduled}: "SweepExpired, retry after a backoff",
+	{sluice.StateSuspended, sluice.StatePaused}:    "SweepExpired, retry at once, queue paused",
+	{sluice.StateSuspended, sluice.StateSucceeded}: "Complete while suspended",
+	{sluice.StateSuspended, sluice.StateFailed}:    "Complete while suspended, SweepExpired",
+	{sluice.StateSuspended, sluice.StateCancelled}: "CancelTask",
 
 	{sluice.StateReserved, sluice.StateRunning}:   "handover: hand over",
 	{sluice.StateReserved, sluice.StateQueued}:    "handover: release",
@@ -105,7 +119,7 @@ func TestTransitionsEveryPair(t *testing.T) {
 			n++
 			require.NoError(t, err, "%q → %q (%s)", a, b, why)
 			ha, hb := holds(a), holds(b)
-			require.Equal(t, flow.Effect{Slot: hb.Slot - ha.Slot, Queued: hb.Queued - ha.Queued, Active: hb.Active - ha.Active}, e,
+			require.Equal(t, flow.Effect{Slot: hb.Slot - ha.Slot, Env: hb.Env - ha.Env, Queued: hb.Queued - ha.Queued, Active: hb.Active - ha.Active}, e,
 				"%q → %q (%s)", a, b, why)
 		}
 	}
@@ -158,7 +172,7 @@ func ExampleRows() {
 		for _, f := range []struct {
 			name string
 			v    int64
-		}{{"slot", r.Slot}, {"queued", r.Queued}, {"active", r.Active}} {
+		}{{"slot", r.Slot}, {"env slot", r.Env}, {"queued", r.Queued}, {"active", r.Active}} {
 			if f.v != 0 {
 				fx = append(fx, fmt.Sprintf("%s %+d", f.name, f.v))
 			}
@@ -199,10 +213,18 @@ func ExampleRows() {
 	// running   → scheduled slot -1
 	// running   → queued    slot -1, queued +1
 	// running   → ready
+	// running   → suspended env slot -1
 	// running   → succeeded slot -1, active -1
 	// running   → failed    slot -1, active -1
 	// running   → cancelled slot -1, active -1
 	// running   → paused    slot -1
+	// suspended → scheduled slot -1, env slot +1
+	// suspended → queued    slot -1, env slot +1, queued +1
+	// suspended → running   env slot +1
+	// suspended → succeeded slot -1, env slot +1, active -1
+	// suspended → failed    slot -1, env slot +1, active -1
+	// suspended → cancelled slot -1, env slot +1, active -1
+	// suspended → paused    slot -1, env slot +1
 	// failed    → queued    queued +1, active +1
 	// failed    → paused    active +1
 	// cancelled → queued    queued +1, active +1
@@ -215,7 +237,7 @@ func ExampleRows() {
 
 // Every state has its place in the table.
 func TestStateIndex(t *testing.T) {
-	require.Len(t, sluice.AllStates, 10, "a new state needs its place in flow's table (stateIndex)")
+	require.Len(t, sluice.AllStates, 11, "a new state needs its place in flow's table (stateIndex)")
 	for _, s := range sluice.AllStates {
 		_, err := flow.Transition(s, s)
 		var te *flow.TransitionError

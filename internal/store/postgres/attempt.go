@@ -30,6 +30,12 @@ type runningTask struct {
 	runPaused bool
 	sq        *flow.Subqueue
 	q         *flow.Queue
+	// from is the state of a task its worker holds while it waits for a
+	// child (suspended, or waiting for its slots back), lent whether it
+	// lent its sub-queue slot; running for a running task
+	// (heldToRunning).
+	from sluice.TaskState
+	lent bool
 	// next is the chain of tasks reserved after this one (handover;
 	// chainSQL): ending the attempt returns them to the wait list
 	// (unreserveAfter) unless the caller hands over to the first, which
@@ -62,9 +68,9 @@ const chainSQL = `ARRAY(SELECT c.id FROM (
 // run, so ending an attempt spends no round trip on it.
 func runningSelect(where string) string {
 	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue,
-			t.step_id IS NOT NULL AS run, t.run_id
+			t.step_id IS NOT NULL AS run, t.run_id, t.state, t.wait_lent
 		FROM tasks t WHERE ` + where + `)
-	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, t.run_id,
+	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, t.run_id, t.state, t.wait_lent = 1,
 		CASE WHEN t.run_id IS NULL THEN false ELSE EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id AND r.state = 'paused') END, ` +
 		sqCols + `, ` + qCols + `, ` + chainSQL + `
 	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
@@ -74,7 +80,7 @@ func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
 	sq, q := &flow.Subqueue{}, &flow.Queue{}
 	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS, &r.run,
-		&r.runID, &r.runPaused}, sq.Dest()...)
+		&r.runID, &r.from, &r.lent, &r.runPaused}, sq.Dest()...)
 	if err := rows.Scan(append(append(dest, q.Dest()...), &r.next)...); err != nil {
 		return nil, err
 	}
@@ -123,6 +129,9 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 	}
 	t.exec("recording attempt", `INSERT INTO attempts (task_id, attempt, worker_id, started_at, finished_at, state, error) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, string(rec), o.Err)
+	if err := t.heldToRunning(r); err != nil {
+		return err
+	}
 	if err := t.Move(sq, q, sluice.StateRunning, state); err != nil {
 		return err
 	}
@@ -134,11 +143,12 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 		if o.OK {
 			output = store.JSONOrNull(o.Output)
 		}
-		t.exec("ending task", `UPDATE tasks SET state = $1, output = $2, error = $3, finished_at = $4, worker_id = NULL, timeout_at = NULL WHERE id = $5`,
+		t.exec("ending task", `UPDATE tasks SET state = $1, output = $2, error = $3, finished_at = $4, worker_id = NULL, timeout_at = NULL,
+			wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = $5`,
 			string(state), output, o.Err, t.now, r.id)
 		return nil
 	}
-	t.exec("retrying task", `UPDATE tasks SET state = $1, paused_from = $2, run_paused = $3, error = $4, run_at = $5, worker_id = NULL, timeout_at = NULL
-		WHERE id = $6`, string(state), pausedFrom, runPaused, o.Err, runAt, r.id)
+	t.exec("retrying task", `UPDATE tasks SET state = $1, paused_from = $2, run_paused = $3, error = $4, run_at = $5, worker_id = NULL, timeout_at = NULL,
+		wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = $6`, string(state), pausedFrom, runPaused, o.Err, runAt, r.id)
 	return nil
 }

@@ -16,6 +16,10 @@ import (
 // no counter), with the successors reserved behind them for a worker with
 // handover; and Release, which hands claimed tasks back unstarted.
 
+// A ready task held by a worker (worker_id set) is a parent whose slots
+// are back after a child wait: only its worker's wait call runs it, so
+// the claims below skip it.
+
 // claimSQL picks up to $3 ready tasks of the kinds $1 and leases them to
 // worker $4 in one statement: one index range of tasks_ready per kind
 // (LATERAL), each reading at most $3 rows whatever waits behind limits,
@@ -29,7 +33,7 @@ const claimSQL = `WITH c AS (
 		SELECT x.id FROM unnest($1::text[]) AS k(kind)
 		CROSS JOIN LATERAL (
 			SELECT id, priority, rank FROM tasks
-			WHERE state = 'ready' AND kind = k.kind AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2)
+			WHERE state = 'ready' AND kind = k.kind AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2) AND worker_id IS NULL
 			ORDER BY priority DESC, rank, id LIMIT $3
 			FOR UPDATE SKIP LOCKED) x
 		ORDER BY x.priority DESC, x.rank, x.id LIMIT $3),
@@ -67,21 +71,21 @@ const stepNameSQL = `(SELECT name FROM run_steps WHERE id = t.step_id)`
 // keeps the UPDATE joining by primary key. With 1,000 keys of limit 1 this
 // took the statement from about 35 to 28 µs a task (docs/benchmarks.md).
 const promoteClaimSQL = `WITH hd AS MATERIALIZED (
-		SELECT h.id, p.rank, h.priority, h.kind, h.dispatch_deadline_at
+		SELECT h.id, p.rank, h.priority, h.kind, h.dispatch_deadline_at, h.worker_id
 		FROM unnest($8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[]) AS p(sq, n, rank, off)
 		CROSS JOIN LATERAL (
-			SELECT id, priority, kind, dispatch_deadline_at FROM tasks WHERE sq = p.sq AND state = 'queued'
+			SELECT id, priority, kind, dispatch_deadline_at, worker_id FROM tasks WHERE sq = p.sq AND state = 'queued'
 			ORDER BY priority DESC, id OFFSET p.off LIMIT p.n) h),
 	r AS (
 		SELECT x.id, x.priority, x.rank FROM unnest($1::text[]) AS k(kind)
 		CROSS JOIN LATERAL (
 			SELECT id, priority, rank FROM tasks
-			WHERE state = 'ready' AND kind = k.kind AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2)
+			WHERE state = 'ready' AND kind = k.kind AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2) AND worker_id IS NULL
 			ORDER BY priority DESC, rank, id LIMIT $3
 			FOR UPDATE SKIP LOCKED) x
 		UNION ALL
 		SELECT id, priority, rank FROM hd
-		WHERE kind = ANY($1::text[]) AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2)),
+		WHERE kind = ANY($1::text[]) AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > $2) AND worker_id IS NULL),
 	c AS (SELECT id FROM r ORDER BY priority DESC, rank, id LIMIT $3),
 	m AS MATERIALIZED (SELECT coalesce(hd.id, c.id) AS id, hd.rank AS hrank, c.id IS NOT NULL AS claim FROM hd FULL JOIN c ON c.id = hd.id),
 	moved AS (

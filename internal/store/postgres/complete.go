@@ -301,10 +301,19 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 // batch is no longer running here). A failure's successor goes back to
 // the wait list, unless the result hands over to it (handOver).
 func (c *completion) failures(t *txn, backoff store.Backoff) error {
-	if len(c.failIDs) == 0 {
+	ids := c.failIDs
+	// A success the statement found no running task for may be the end
+	// of a parent that waits for a child (its handler gave up waiting):
+	// read those too.
+	for i, r := range c.results {
+		if r.Error == "" && c.acks[i].Status == "stale" {
+			ids = append(ids, r.TaskID)
+		}
+	}
+	if len(ids) == 0 {
 		return nil
 	}
-	rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, c.failIDs, c.workerID)
+	rts, err := t.selectRunning("complete", `t.id = ANY($1) AND t.worker_id = $2 AND (t.state = 'running' OR `+heldWaitCond+`)`, ids, c.workerID)
 	if err != nil {
 		return err
 	}
@@ -314,6 +323,9 @@ func (c *completion) failures(t *txn, backoff store.Backoff) error {
 	}
 	for i, r := range c.results {
 		if r.Error == "" {
+			if err := c.heldSuccess(t, i, running); err != nil {
+				return err
+			}
 			continue
 		}
 		rt := running[r.TaskID]

@@ -163,7 +163,11 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	return store.CheckCounters(ctx, reader{tx}, [][2]string{
 		{"sub-queue running", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.running AS have, coalesce(c.n, 0) AS n
-			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') GROUP BY sq) c ON c.sq = s.id) x
+			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') OR state = 'suspended' AND wait_lent = 0
+				GROUP BY sq) c ON c.sq = s.id) x
+			WHERE have != n`},
+		{"sub-queue lent", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.lent AS have, coalesce(c.n, 0) AS n
+			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'suspended' AND wait_lent = 1 GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},
 		{"sub-queue queued", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.queued AS have, coalesce(c.n, 0) AS n
 			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'queued' GROUP BY sq) c ON c.sq = s.id) x

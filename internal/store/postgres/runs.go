@@ -347,7 +347,7 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 // are read through tasks_run before the UPDATE (one snapshot: the states
 // they leave), which takes them by primary key (see claimSQL).
 const endRunTasksSQL = `WITH o AS MATERIALIZED (
-		SELECT id, state, sq, queue, step_id, windowed FROM tasks WHERE run_id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled', 'running')),
+		SELECT id, state, sq, queue, step_id, windowed FROM tasks WHERE run_id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled', 'running', 'suspended')),
 	c AS (
 		UPDATE tasks t SET state = 'cancelled', error = '', finished_at = $2, paused_from = NULL, worker_id = NULL, after_id = NULL, settled = true
 		WHERE t.id = ANY(ARRAY(SELECT id FROM o)))
@@ -373,7 +373,7 @@ func (t *txn) endRunTasks(runID int64) error {
 			}
 			return nil
 		})
-	t.exec("cancelling run tasks", `UPDATE tasks SET cancel_requested = true WHERE run_id = $1 AND state = 'running'`, runID)
+	t.exec("cancelling run tasks", `UPDATE tasks SET cancel_requested = true WHERE run_id = $1 AND state IN ('running', 'suspended')`, runID)
 	var reserved []int64
 	err := t.query("ending run tasks", endRunTasksSQL, []any{runID, t.now}, func(rows pgx.Rows) error {
 		var (

@@ -204,7 +204,7 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 	var reserved []reservedTask
 	t.queueReserved("dropping workers", `r.worker_id = ANY($1)`, []any{workerIDs}, &reserved)
 	var held []*runningTask
-	t.queueRunning("dropping workers", `t.state = 'running' AND t.worker_id = ANY($1)`, []any{workerIDs}, &held)
+	t.queueRunning("dropping workers", `t.worker_id = ANY($1) AND (t.state = 'running' OR `+heldWaitCond+`)`, []any{workerIDs}, &held)
 	if err := t.send(); err != nil {
 		return 0, err
 	}

@@ -375,7 +375,9 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 		if st.Terminal() {
 			return sluice.Conflict("task %d already %s", id, st)
 		}
-		if st == sluice.StateRunning {
+		if st == sluice.StateRunning || st == sluice.StateSuspended {
+			// Its worker learns and reports; a suspended task holds no
+			// environment slot meanwhile.
 			t.exec("cancel", `UPDATE tasks SET cancel_requested = true WHERE id = $1`, id)
 			return nil
 		}

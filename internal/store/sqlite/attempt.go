@@ -25,6 +25,11 @@ type runningTask struct {
 	// handingOver: the task's result names a successor; the caller hands
 	// over to it (or releases it) instead of endAttempt releasing it.
 	handingOver bool
+	// from is the state of a task its worker holds while it waits for a
+	// child (suspended, or waiting for its slots back), lent whether it
+	// lent its sub-queue slot; "" for a running task (heldToRunning).
+	from sluice.TaskState
+	lent bool
 }
 
 const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at, run_id`
@@ -69,6 +74,9 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 		r.id, r.attempt, r.workerID, r.startedAt, t.now, rec, o.Err); err != nil {
 		return fmt.Errorf("recording attempt: %w", err)
 	}
+	if err := t.heldToRunning(sq, q, r); err != nil {
+		return err
+	}
 	if err := t.Move(sq, q, sluice.StateRunning, state); err != nil {
 		return err
 	}
@@ -77,11 +85,13 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 		if o.OK {
 			output = o.Output
 		}
-		_, err = t.exec(`UPDATE tasks SET state = ?, output = ?, error = ?, finished_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+		_, err = t.exec(`UPDATE tasks SET state = ?, output = ?, error = ?, finished_at = ?, worker_id = NULL, timeout_at = NULL,
+			wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`,
 			state, output, o.Err, t.now, r.id)
 		return err
 	}
-	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL WHERE id = ?`,
+	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, error = ?, run_at = ?, worker_id = NULL, timeout_at = NULL,
+		wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`,
 		state, pausedFrom, runPaused, o.Err, runAt, r.id)
 	return err
 }

@@ -99,11 +99,13 @@ func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit 
 		return nil, fmt.Errorf("claim: worker kinds: %w", err)
 	}
 	// One index range per kind, merged here: each reads at most n
-	// ready rows, whatever waits behind limits.
+	// ready rows, whatever waits behind limits. A ready task held by a
+	// worker is a parent whose slots are back after a child wait: only
+	// its worker's wait call runs it.
 	var cands []candidate
 	for _, kind := range kinds {
 		rows, err := tx.QueryContext(ctx, `SELECT id, priority, rank FROM tasks WHERE state = 'ready' AND kind = ?
-			AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > ?) ORDER BY priority DESC, rank, id LIMIT ?`, kind, store.US(now), n)
+			AND (dispatch_deadline_at IS NULL OR dispatch_deadline_at > ?) AND worker_id IS NULL ORDER BY priority DESC, rank, id LIMIT ?`, kind, store.US(now), n)
 		if err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
 		}

@@ -150,6 +150,9 @@ func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, back
 		}
 		if r.Error == "" {
 			ok, err := t.succeed(workerID, r)
+			if err == nil && !ok {
+				ok, err = t.endHeld(workerID, r, store.AttemptOutcome{OK: true, Output: store.OutputOrNull(r.Output)})
+			}
 			if err != nil {
 				return nil, fmt.Errorf("complete task %d: %w", r.TaskID, err)
 			}
@@ -164,6 +167,15 @@ func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, back
 		rt, err := scanRunning(t.tx.QueryRowContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ?`,
 			r.TaskID, workerID, r.Attempt))
 		if err == sql.ErrNoRows {
+			// A parent that waits for a child may end too (its handler
+			// gave up waiting).
+			ok, err := t.endHeld(workerID, r, store.AttemptOutcome{Err: r.Error, NoRetry: r.NoRetry, RetryAfter: r.RetryAfter.D(), Backoff: backoff})
+			if err != nil {
+				return nil, fmt.Errorf("complete task %d: %w", r.TaskID, err)
+			}
+			if ok {
+				acks[i].Status = "ok"
+			}
 			continue
 		}
 		if err != nil {
@@ -213,4 +225,18 @@ func (t *txn) completeHanding(workerID string, results []sluice.TaskResult, back
 		}
 	}
 	return running, nil
+}
+
+// endHeld ends the attempt of a parent its worker holds while it waits
+// for a child (suspended, or waiting for its slots back), which reported
+// its result: false if there is none (the result is stale).
+func (t *txn) endHeld(workerID string, r sluice.TaskResult, o store.AttemptOutcome) (bool, error) {
+	rt, err := scanHeld(t.tx.QueryRowContext(t.ctx, heldWaitSQL, r.TaskID, workerID, r.Attempt))
+	if err == sql.ErrNoRows {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, t.endAttempt(rt, o)
 }

@@ -168,7 +168,10 @@ func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.Subque
 func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 	// On the writer connection: it sees every commit.
 	return store.CheckCounters(ctx, reader{s.w}, [][2]string{
-		{"sub-queue running", `SELECT s.queue || '/' || s.ckey, s.running, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state IN ('ready', 'running')) AS n FROM subqueues s WHERE s.running != n`},
+		{"sub-queue running", `SELECT s.queue || '/' || s.ckey, s.running, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND (t.state IN ('ready', 'running')
+			OR t.state = 'suspended' AND t.wait_lent = 0)) AS n FROM subqueues s WHERE s.running != n`},
+		{"sub-queue lent", `SELECT s.queue || '/' || s.ckey, s.lent, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'suspended' AND t.wait_lent = 1) AS n
+			FROM subqueues s WHERE s.lent != n`},
 		{"sub-queue queued", `SELECT s.queue || '/' || s.ckey, s.queued, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'queued') AS n FROM subqueues s WHERE s.queued != n`},
 		{"sub-queue over limit", `SELECT s.queue || '/' || s.ckey, s.running, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.running > s.lim`},
 		{"queue active", `SELECT q.name, q.active, (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM queues q WHERE q.active != n`},

@@ -352,7 +352,7 @@ func (t *txn) endRunTasks(runID int64) error {
 		return fmt.Errorf("tasks of run %d: %w", runID, err)
 	}
 	for _, x := range tasks {
-		if x.state == sluice.StateRunning {
+		if x.state == sluice.StateRunning || x.state == sluice.StateSuspended {
 			if _, err := t.exec(`UPDATE tasks SET cancel_requested = 1 WHERE id = ?`, x.id); err != nil {
 				return err
 			}

@@ -310,7 +310,11 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 		if err := rows.Err(); err != nil {
 			return ended, err
 		}
-		for _, rt := range held {
+		waits, err := t.heldWaits(workerID)
+		if err != nil {
+			return ended, err
+		}
+		for _, rt := range append(held, waits...) {
 			if err := t.endAttempt(rt, store.AttemptOutcome{Err: reason(workerID), RetryAfter: -1}); err != nil {
 				return ended, err
 			}

@@ -196,7 +196,7 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 		if state.Terminal() {
 			return sluice.Conflict("task %d already %s", id, state)
 		}
-		if state == sluice.StateRunning {
+		if state == sluice.StateRunning || state == sluice.StateSuspended {
 			_, err := t.exec(`UPDATE tasks SET cancel_requested = 1 WHERE id = ?`, id)
 			return err
 		}
@@ -291,7 +291,8 @@ func (t *txn) cancelWaiting(id int64, state sluice.TaskState, sqID int64, queue,
 	if err := t.Move(sq, q, state, final); err != nil {
 		return err
 	}
-	_, err = t.exec(`UPDATE tasks SET state = ?, error = ?, finished_at = ?, paused_from = NULL, worker_id = NULL, after_id = NULL WHERE id = ?`,
+	_, err = t.exec(`UPDATE tasks SET state = ?, error = ?, finished_at = ?, paused_from = NULL, worker_id = NULL, after_id = NULL,
+		wait_task = NULL, wait_run = NULL WHERE id = ?`,
 		final, msg, t.now, id)
 	return err
 }

@@ -46,6 +46,7 @@ var areas = []tests{
 	runPauseTests,
 	runPauseModelTests,
 	retryTests,
+	childTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would
