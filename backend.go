@@ -26,13 +26,22 @@ type Backend interface {
 	// *AdmissionError and nothing changes.
 	RetryTask(ctx context.Context, id int64) (*Task, error)
 
+	// PutQueue creates a queue or changes the settings p sends (a partial
+	// update: see QueueParams).
 	PutQueue(ctx context.Context, name string, p QueueParams) (*Queue, error)
+	// DeleteQueue deletes a queue that holds no unfinished task: with
+	// some it is an ErrConflict naming how many, an unknown queue is
+	// ErrNotFound. Its finished tasks stay.
+	DeleteQueue(ctx context.Context, name string) error
 	GetQueue(ctx context.Context, name string) (*Queue, error)
 	ListQueues(ctx context.Context) ([]Queue, error)
 	PauseQueue(ctx context.Context, name string) (*Queue, error)
 	ResumeQueue(ctx context.Context, name string) (*Queue, error)
 
 	ListWorkers(ctx context.Context) ([]WorkerInfo, error)
+	// Environment returns the environment limit, the admission ceiling
+	// and what counts against each.
+	Environment(ctx context.Context) (*Environment, error)
 
 	// The worker protocol.
 	RegisterWorker(ctx context.Context, p RegisterWorkerParams) (*WorkerRegistration, error)
@@ -41,6 +50,16 @@ type Backend interface {
 	Heartbeat(ctx context.Context, workerID string, p HeartbeatParams) (*HeartbeatResult, error)
 	Release(ctx context.Context, workerID string, p ReleaseParams) error
 	DeregisterWorker(ctx context.Context, workerID string) error
+	// TriggerChild creates a child of the running task parentID, held by
+	// workerID: a task, or a run with p.Workflow. created is false when
+	// the parent's call position already has its child (a later attempt
+	// of the parent making the same call), which is returned instead.
+	TriggerChild(ctx context.Context, workerID string, parentID int64, p ChildParams) (res *ChildResult, created bool, err error)
+	// WaitChild waits up to p.Wait for the parent's child to end and the
+	// parent to have its slots back; see WaitChildResult. A wait the
+	// parent's queue cannot grant is an *Error with code
+	// CodeRecursiveWaitDeadlock.
+	WaitChild(ctx context.Context, workerID string, parentID int64, p WaitChildParams) (*WaitChildResult, error)
 
 	Workflows
 }

@@ -166,9 +166,26 @@ func (c *Client) CancelTask(ctx context.Context, id int64) (*Task, error) {
 	return &t, nil
 }
 
-// PutQueue creates or updates a queue (PUT /v1/queues/{name}).
+// PutQueue creates a queue or changes the settings p sends (PUT
+// /v1/queues/{name}, a partial update): a field left out keeps its
+// setting, Null clears it. For example
+//
+//	c.PutQueue(ctx, "email", sluice.QueueParams{ConcurrencyLimit: sluice.Set(5)})
+//	c.PutQueue(ctx, "email", sluice.QueueParams{ConcurrencyLimit: sluice.Null[int]()})
+//
+// sets the limit to 5 and then removes it, leaving every other setting.
 func (c *Client) PutQueue(ctx context.Context, name string, p QueueParams) (*Queue, error) {
 	return c.queueCall(ctx, http.MethodPut, name, "", p)
+}
+
+// DeleteQueue deletes a queue that holds no unfinished task (DELETE
+// /v1/queues/{name}); see Backend.DeleteQueue.
+func (c *Client) DeleteQueue(ctx context.Context, name string) error {
+	if name == "" {
+		return Invalid("name", "required")
+	}
+	_, err := c.do(ctx, http.MethodDelete, "/v1/queues/"+url.PathEscape(name), nil, nil, nil, 0)
+	return err
 }
 
 // GetQueue returns a queue with its counts per state (GET /v1/queues/{name}).

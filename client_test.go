@@ -140,12 +140,20 @@ func TestClientRoutes(t *testing.T) {
 		{
 			name: "put queue",
 			call: func(ctx context.Context, c *Client) (any, error) {
-				q, err := c.PutQueue(ctx, "e mail/x", QueueParams{ConcurrencyLimit: &limit})
+				q, err := c.PutQueue(ctx, "e mail/x", QueueParams{ConcurrencyLimit: Set(limit)})
 				return *q.ConcurrencyLimit, err
 			},
 			answer: `{"name": "e mail/x", "concurrency_limit": 5}`,
-			method: "PUT", uri: "/v1/queues/e%20mail%2Fx", body: `{"concurrency_limit":5,"max_backlog":null}`,
+			method: "PUT", uri: "/v1/queues/e%20mail%2Fx", body: `{"concurrency_limit":5}`,
 			want: 5,
+		},
+		{
+			name: "delete queue",
+			call: func(ctx context.Context, c *Client) (any, error) {
+				return nil, c.DeleteQueue(ctx, "old")
+			},
+			status: 204,
+			method: "DELETE", uri: "/v1/queues/old",
 		},
 		{
 			name: "get queue",

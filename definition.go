@@ -37,8 +37,14 @@ type RunConcurrency struct {
 type StepDefinition struct {
 	// Name, unique in the workflow. Required.
 	Name string `json:"name"`
-	// Kind is the task kind a worker handles. Required.
-	Kind string `json:"kind"`
+	// Kind is the task kind a worker handles. Required, unless Workflow
+	// is set.
+	Kind string `json:"kind,omitempty"`
+	// Workflow, instead of Kind, makes the step start a run of that
+	// workflow (its latest version) with Input, and wait for it: a child
+	// run, whose output is the step's output. Such a step sets no task
+	// settings (Queue … DispatchDeadline) and no WithItems.
+	Workflow string `json:"workflow,omitempty"`
 	// Input of the step's task: any JSON value whose strings may hold
 	// expressions (input, steps.<name>.output, item, index, run.id).
 	Input any `json:"input,omitempty"`

@@ -15,6 +15,9 @@ const (
 	CodeConflict     = "conflict"
 	CodeAdmission    = "admission_rejected"
 	CodeNotReady     = "not_ready"
+	// CodeConcurrencyFull: a trigger for a full sub-queue of a queue with
+	// strategy cancel_newest was rejected (HTTP 409); nothing was created.
+	CodeConcurrencyFull = "concurrency_full"
 	// CodeStoreUnavailable: the server cannot reach its database (connection
 	// refused or lost, the database shutting down or starting up). The HTTP
 	// API answers 503 with Retry-After; the call may succeed when retried.
@@ -43,6 +46,9 @@ var (
 	ErrNotFound = &Error{Code: CodeNotFound}
 	ErrConflict = &Error{Code: CodeConflict}
 	ErrInvalid  = &Error{Code: CodeBadRequest}
+	// ErrConcurrencyFull matches a trigger rejected by the strategy
+	// cancel_newest (CodeConcurrencyFull).
+	ErrConcurrencyFull = &Error{Code: CodeConcurrencyFull}
 	// ErrStoreUnavailable matches an error from a call that failed because
 	// the server's database could not be reached, whether it comes from the
 	// HTTP API (code store_unavailable) or from a server's Backend in

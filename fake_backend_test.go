@@ -108,6 +108,10 @@ type fakeBackend struct {
 	beforeHeartbeat func(p HeartbeatParams)
 	// waiters are closed once as many results are accepted.
 	waiters []resultWaiter
+	// childHook and waitHook, when set, answer TriggerChild and
+	// WaitChild (unset: errFakeUnimplemented).
+	childHook func(ctx context.Context, workerID string, parentID int64, p ChildParams) (*ChildResult, bool, error)
+	waitHook  func(ctx context.Context, workerID string, parentID int64, p WaitChildParams) (*WaitChildResult, error)
 }
 
 type resultWaiter struct {
@@ -480,6 +484,20 @@ func (f *fakeBackend) requeueLocked(id int64) {
 	f.wakeLocked()
 }
 
+func (f *fakeBackend) TriggerChild(ctx context.Context, workerID string, parentID int64, p ChildParams) (*ChildResult, bool, error) {
+	if f.childHook == nil {
+		return nil, false, errFakeUnimplemented
+	}
+	return f.childHook(ctx, workerID, parentID, p)
+}
+
+func (f *fakeBackend) WaitChild(ctx context.Context, workerID string, parentID int64, p WaitChildParams) (*WaitChildResult, error) {
+	if f.waitHook == nil {
+		return nil, errFakeUnimplemented
+	}
+	return f.waitHook(ctx, workerID, parentID, p)
+}
+
 func (f *fakeBackend) DeregisterWorker(context.Context, string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -513,6 +531,7 @@ func (f *fakeBackend) PutQueue(context.Context, string, QueueParams) (*Queue, er
 func (f *fakeBackend) GetQueue(context.Context, string) (*Queue, error) {
 	return nil, errFakeUnimplemented
 }
+func (f *fakeBackend) DeleteQueue(context.Context, string) error   { return errFakeUnimplemented }
 func (f *fakeBackend) ListQueues(context.Context) ([]Queue, error) { return nil, errFakeUnimplemented }
 func (f *fakeBackend) PauseQueue(context.Context, string) (*Queue, error) {
 	return nil, errFakeUnimplemented
@@ -521,6 +540,9 @@ func (f *fakeBackend) ResumeQueue(context.Context, string) (*Queue, error) {
 	return nil, errFakeUnimplemented
 }
 func (f *fakeBackend) ListWorkers(context.Context) ([]WorkerInfo, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) Environment(context.Context) (*Environment, error) {
 	return nil, errFakeUnimplemented
 }
 

@@ -74,11 +74,17 @@ func WithTaskContext(ctx context.Context, t *TaskContext) context.Context {
 type handlerContext struct {
 	context.Context
 	tc *TaskContext
+	// The worker and the run, for the child calls (handler_children.go).
+	w  *Worker
+	tr *taskRun
 }
 
 func (c *handlerContext) Value(key any) any {
-	if key == (taskContextKey{}) {
+	switch key {
+	case taskContextKey{}:
 		return c.tc
+	case handlerContextKey{}:
+		return c
 	}
 	return c.Context.Value(key)
 }

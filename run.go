@@ -114,6 +114,11 @@ type Run struct {
 	CreatedAt      time.Time       `json:"created_at"`
 	StartedAt      *time.Time      `json:"started_at"`
 	FinishedAt     *time.Time      `json:"finished_at"`
+	// ParentRun and ParentStep name the run and workflow step that
+	// started this run (a child run); zero and empty for a run started
+	// on its own.
+	ParentRun  int64  `json:"parent_run,omitempty"`
+	ParentStep string `json:"parent_step,omitempty"`
 	// Explain says why an unfinished run is not progressing.
 	Explain string `json:"explain,omitempty"`
 	// Steps in the definition's order (GET /v1/runs/{id} only).
@@ -137,6 +142,9 @@ type RunStep struct {
 	Window int  `json:"window,omitempty"`
 	// Counts of its tasks per state.
 	Counts map[TaskState]int `json:"counts,omitempty"`
+	// ChildRun is the run a workflow step (`workflow: NAME`) started and
+	// waits for; zero for a step of tasks or one not started.
+	ChildRun int64 `json:"child_run,omitempty"`
 }
 
 // RunFilter selects runs for GET /v1/runs. Results are newest first.

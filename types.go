@@ -46,7 +46,13 @@ const (
 	// room in the step's window (its concurrency). Holds no slot; the
 	// end of an item in the window moves the next one to queued.
 	StateWaiting TaskState = "waiting"
-	// StateSuspended: a running task waiting for a child.
+	// StateSuspended: a running task waiting for a child task or run
+	// (WaitChild). It stays with its worker, under the worker's lease,
+	// and holds no slot of the environment limit; its slot of its queue
+	// too is lent to the child when the child runs in the same queue and
+	// key. When the child ends it takes its slots back (running again), or
+	// waits for them on its queue's wait list (queued, then ready, still
+	// held by its worker) where there is no room.
 	StateSuspended TaskState = "suspended"
 )
 
@@ -142,6 +148,15 @@ type Task struct {
 	PausedFrom TaskState `json:"paused_from,omitempty"`
 	// After is the running task a reserved task follows (state reserved).
 	After int64 `json:"after,omitempty"`
+	// WaitTask and WaitRun name the child (task or run) a parent waits
+	// for: set while it is suspended, and while, its child ended, it
+	// waits for its slots back (queued or ready, still held by its
+	// worker). Zero otherwise. WaitLent reports that its slot of its
+	// queue (and key) is lent to the child, which runs in the same
+	// sub-queue; otherwise only its environment slot is released.
+	WaitTask int64 `json:"wait_task,omitempty"`
+	WaitRun  int64 `json:"wait_run,omitempty"`
+	WaitLent bool  `json:"wait_lent,omitempty"`
 	// RunID, Step and Item place a task of a workflow run: its run, its
 	// step's name and, in a fan-out step, the item's index (nil
 	// otherwise). Zero and empty for a task triggered on its own.
@@ -187,15 +202,21 @@ type TaskPage struct {
 	Next string `json:"next"`
 }
 
-// QueueParams is the body of PUT /v1/queues/{name}. A null or absent field
-// means unbounded.
+// QueueParams is the body of PUT /v1/queues/{name}, a partial update: a
+// field left out (the zero Opt) keeps the queue's setting, a field sent
+// as null (Null) clears it to its default, and a value (Set) sets it. A
+// new queue starts from the defaults: no limits, handover off, strategy
+// "queue", no rate limit. For example, QueueParams{ConcurrencyLimit:
+// Set(5)} changes only the limit, and QueueParams{ConcurrencyLimit:
+// Null[int]()} removes it.
 type QueueParams struct {
 	// ConcurrencyLimit caps running tasks of each sub-queue: the tasks with
-	// no concurrency key share one, and each key value has its own.
-	ConcurrencyLimit *int `json:"concurrency_limit"`
+	// no concurrency key share one, and each key value has its own. Null:
+	// unbounded.
+	ConcurrencyLimit Opt[int] `json:"concurrency_limit,omitzero"`
 	// MaxBacklog caps the unfinished (not terminal) tasks of the queue;
-	// a trigger over it is rejected with 429.
-	MaxBacklog *int `json:"max_backlog"`
+	// a trigger over it is rejected with 429. Null: none.
+	MaxBacklog Opt[int] `json:"max_backlog,omitzero"`
 	// Handover: while a limited sub-queue is full and has tasks waiting,
 	// each task a worker claims from it comes with its successor, the next
 	// waiting task, reserved for the same worker (state reserved). The
@@ -207,7 +228,14 @@ type QueueParams struct {
 	// next claim, a higher-priority task triggered meanwhile waits
 	// behind it, and a slot stays with the worker that started its chain
 	// while the queue stays full. See docs/architecture.md, "Handover".
-	Handover bool `json:"handover,omitempty"`
+	// Null: off. Not with a RateLimit.
+	Handover Opt[bool] `json:"handover,omitzero"`
+	// Strategy is what a trigger does when its sub-queue is full (see
+	// Strategy); anything but "queue" needs a ConcurrencyLimit. Null:
+	// "queue".
+	Strategy Opt[Strategy] `json:"strategy,omitzero"`
+	// RateLimit caps starts per period (see RateLimit). Null: none.
+	RateLimit Opt[RateLimit] `json:"rate_limit,omitzero"`
 }
 
 // Queue is a queue as the API returns it.
@@ -218,6 +246,10 @@ type Queue struct {
 	Paused           bool   `json:"paused"`
 	// Handover: see QueueParams.Handover.
 	Handover bool `json:"handover"`
+	// Strategy: see QueueParams.Strategy; "queue" by default.
+	Strategy Strategy `json:"strategy"`
+	// RateLimit: see QueueParams.RateLimit; nil: none.
+	RateLimit *RateLimit `json:"rate_limit"`
 	// Running counts tasks holding a slot: those in state ready (claimable,
 	// no worker yet) and those in state running. Counts has each apart.
 	Running int `json:"running"`
@@ -228,6 +260,11 @@ type Queue struct {
 	Keyed bool `json:"keyed"`
 	// Active counts unfinished tasks.
 	Active int `json:"active"`
+	// Lent counts the slots of the queue lent to waiting parents: tasks
+	// suspended while a child runs in their own queue (and key) give it
+	// their slot, and do not count in Running meanwhile. Per key, never
+	// more than ConcurrencyLimit.
+	Lent int `json:"lent"`
 	// Counts per state (only on GET /v1/queues/{name} and GET /v1/queues).
 	Counts    map[TaskState]int `json:"counts"`
 	CreatedAt time.Time         `json:"created_at"`

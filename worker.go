@@ -271,7 +271,7 @@ func (w *Worker) idleLoop(ctx context.Context, exit context.CancelFunc) {
 		// takes slots, so a claim racing this check is seen by one of the
 		// two reads. A claim missed by both has its tasks launched or
 		// released by the shutdown, like any claim that races a stop.
-		busy := w.prod.free.Load() < int64(w.cfg.Slots)
+		busy := w.prod.free.Load() < int64(w.cfg.Slots) || w.prod.lends.waiting.Load() > 0
 		idle := w.since() - time.Duration(w.active.Load())
 		if !busy && idle >= maxIdle {
 			w.log.Info("worker idle for max-idle; stopping", "idle_for", idle.Round(time.Millisecond), "max_idle", maxIdle)

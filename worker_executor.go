@@ -185,7 +185,7 @@ func (e *executor) call(ctx context.Context, tr *taskRun, h HandlerFunc) (out js
 			out, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
-	tr.hctx = handlerContext{Context: ctx, tc: &tr.tc} // for TaskFromContext
+	tr.hctx = handlerContext{Context: ctx, tc: &tr.tc, w: e.w, tr: tr} // for TaskFromContext and the child calls
 	return h(&tr.hctx, &tr.tc)
 }
 

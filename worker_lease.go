@@ -184,7 +184,7 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 		w.bp.sampleIfDue(time.Now())
 		p := HeartbeatParams{
 			Slots:           w.cfg.Slots,
-			FreeSlots:       int(w.prod.free.Load()),
+			FreeSlots:       max(0, int(w.prod.free.Load())), // below 0 for a moment after a child wait (producer.takeSlot)
 			Held:            heldIDs,
 			MemoryUsedRatio: w.bp.memoryRatio(),
 			P99Latency:      Duration(w.bp.p99Latency()),

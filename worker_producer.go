@@ -55,6 +55,9 @@ type producer struct {
 	asking int64
 	owed   int64
 
+	// Handlers waiting for a child lend their slots (worker_children.go).
+	lends slotLends
+
 	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 }
 
@@ -287,7 +290,7 @@ func (p *producer) piggyback(runCtx context.Context, owed int64) (hold, ask int6
 	defer p.askMu.Unlock()
 	p.owed -= owed
 	p.asking += owed
-	extra := max(0, min(p.free.Load()-p.asking-p.owed, limit-owed))
+	extra := max(0, min(p.free.Load()-p.asking-p.owed-p.lends.reclaiming, limit-owed))
 	p.asking += extra
 	hold = owed + extra
 	return hold, min(hold, limit)
@@ -310,7 +313,7 @@ func (p *producer) forgive(n int64) {
 func (p *producer) available() int64 {
 	p.askMu.Lock()
 	defer p.askMu.Unlock()
-	return p.free.Load() - p.asking - p.owed
+	return p.free.Load() - p.asking - p.owed - p.lends.reclaiming
 }
 
 // reserve promises up to limit available slots to a claim about to be
@@ -319,7 +322,7 @@ func (p *producer) available() int64 {
 func (p *producer) reserve(limit int64) int64 {
 	p.askMu.Lock()
 	defer p.askMu.Unlock()
-	n := max(0, min(p.free.Load()-p.asking-p.owed, limit))
+	n := max(0, min(p.free.Load()-p.asking-p.owed-p.lends.reclaiming, limit))
 	p.asking += n
 	return n
 }
@@ -336,8 +339,10 @@ func (p *producer) unreserve(n int64) {
 	p.wake()
 }
 
-// wake tells the claim loop it may have slots to ask for.
+// wake tells the claim loop it may have slots to ask for, and handlers
+// taking their slots back after a child's wait that one may be free.
 func (p *producer) wake() {
+	p.wakeReclaims()
 	select {
 	case p.slotFreed <- struct{}{}:
 	default:

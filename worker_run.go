@@ -47,6 +47,10 @@ type taskRun struct {
 	// is queued, or by the complete loop before the call is made.
 	slotOwed bool
 	picked   uint64 // the sendable run that put it in a batch (completer.picks)
+
+	// childCalls is the last call position of the children its handler
+	// triggered (TriggerChild).
+	childCalls atomic.Int64
 }
 
 // heldRuns is the state the worker's roles share: the runs it holds, and

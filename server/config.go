@@ -68,6 +68,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// NoMigrate skips applying migrations on start.
 	NoMigrate bool
+	// NoDashboard turns the web dashboard off: the server then answers
+	// only the API's paths, and every other path with the API's JSON 404.
+	// The zero value serves the dashboard at /.
+	NoDashboard bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }

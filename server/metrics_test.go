@@ -34,7 +34,7 @@ func TestServerMetrics(t *testing.T) {
 	defer srv.Close(ctx)
 	b := srv.Backend()
 	limit := 1
-	_, err = b.PutQueue(ctx, "mail", sluice.QueueParams{ConcurrencyLimit: &limit})
+	_, err = b.PutQueue(ctx, "mail", sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit)})
 	require.NoError(t, err)
 	for range 3 {
 		_, _, err = b.Trigger(ctx, sluice.TriggerParams{Kind: "send", Queue: "mail"})

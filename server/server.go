@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/dashboard"
 	"github.com/sluice-dev/sluice/internal/engine"
 	"github.com/sluice-dev/sluice/internal/httpapi"
 	"github.com/sluice-dev/sluice/internal/inspect"
@@ -76,6 +77,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Metrics:      eng.Metrics().Handler(),
 		Logger:       cfg.Logger,
 	})
+	if !cfg.NoDashboard {
+		s.handler = withDashboard(s.handler, dashboard.New())
+	}
 	return s, nil
 }
 
@@ -87,7 +91,8 @@ func init() {
 	inspect.Register(func(srv any) *engine.Engine { return srv.(*Server).eng })
 }
 
-// Handler is the HTTP API.
+// Handler is the HTTP API and, unless Config.NoDashboard, the dashboard
+// at / (every path outside /v1, /healthz, /readyz and /metrics).
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Start runs the background services (initial orphan sweep, then periodic

@@ -183,7 +183,7 @@ func TestPostgresTriggerTxAdmission(t *testing.T) {
 	require.NoError(t, srv.Start(ctx))
 	b := srv.Backend()
 	app := newApp(t)
-	_, err = b.PutQueue(ctx, "q", sluice.QueueParams{MaxBacklog: ptr(1)})
+	_, err = b.PutQueue(ctx, "q", sluice.QueueParams{MaxBacklog: sluice.Set(1)})
 	require.NoError(t, err)
 
 	tx := app.begin()
@@ -256,7 +256,7 @@ func TestPostgresTriggerTxLedger(t *testing.T) {
 	b := srv.Backend()
 	app := newApp(t)
 	const backlog = 6
-	_, err := b.PutQueue(ctx, "q", sluice.QueueParams{MaxBacklog: ptr(backlog), ConcurrencyLimit: ptr(1)})
+	_, err := b.PutQueue(ctx, "q", sluice.QueueParams{MaxBacklog: sluice.Set(backlog), ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 
 	var mu sync.Mutex

@@ -126,6 +126,7 @@ type serverFlags struct {
 	retention     time.Duration
 	maxBodyBytes  int64
 	noMigrate     bool
+	dashboard     bool
 	logLevel      string
 }
 
@@ -161,6 +162,7 @@ func addServerFlags(fs *pflag.FlagSet, f *serverFlags, over serverDefaults, with
 	fs.DurationVar(&f.provInterval, "provisioner-interval", d.ProvisionerInterval, "least time between two provisioner calls (≥ 1s)")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "largest accepted request body in bytes (≥ 1024)")
 	fs.BoolVar(&f.noMigrate, "no-migrate", false, "do not apply database migrations on start (run \"sluice migrate\" instead)")
+	fs.BoolVar(&f.dashboard, "dashboard", true, "serve the web dashboard at / (--dashboard=false: the API only)")
 	fs.StringVar(&f.logLevel, "log-level", cmp.Or(over.logLevel, "info"), "log level: debug, info, warn or error")
 }
 
@@ -185,6 +187,7 @@ func (a *app) serverConfig(f *serverFlags, logger *slog.Logger, authDisabled boo
 		ProvisionerInterval: f.provInterval,
 		MaxBodyBytes:        f.maxBodyBytes,
 		NoMigrate:           f.noMigrate,
+		NoDashboard:         !f.dashboard,
 		Logger:              logger,
 	}.WithDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -55,7 +55,7 @@ func (a *app) runDemo(ctx context.Context, b sluice.Backend) error {
 	for _, name := range []string{demoLimited, demoTenants} {
 		limit := limits[name]
 		// The limited queue hands each slot straight to its next task.
-		q, err := b.PutQueue(ctx, name, sluice.QueueParams{ConcurrencyLimit: &limit, Handover: name == demoLimited})
+		q, err := b.PutQueue(ctx, name, sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit), Handover: sluice.Set(name == demoLimited)})
 		if err != nil {
 			return fmt.Errorf("creating queue %s: %w", name, err)
 		}

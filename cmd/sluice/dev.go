@@ -56,7 +56,7 @@ Never expose a dev server: anyone who reaches it can do anything.`,
 			kinds := defaultKinds()
 			wf.name = "dev"
 			cli := cliCommand(os.Args[0])
-			onReady := func(url string) { a.printDevHints(url, cfg.DB, kinds, wf.slots, demo, cli) }
+			onReady := func(url string) { a.printDevHints(url, cfg.DB, kinds, wf.slots, demo, cli, !cfg.NoDashboard) }
 			return runServer(ctx, srv, onReady, func(ctx context.Context, url string) {
 				w := sluice.NewWorker(srv.Backend(), wf.config(logger))
 				registerBuiltins(w, kinds, false)
@@ -90,9 +90,12 @@ Never expose a dev server: anyone who reaches it can do anything.`,
 // printDevHints says what the dev server serves and, without --demo,
 // what to try (with --demo, printDemoEnd says it once the demo is over,
 // where it does not scroll away).
-func (a *app) printDevHints(url, db string, kinds []string, slots int, demo bool, cli string) {
-	fmt.Fprintf(a.stdout, "sluice dev: serving %s (auth OFF, database %s)\nin-process worker: kinds %s, %d slots\n\n",
-		url, db, strings.Join(kinds, ", "), slots)
+func (a *app) printDevHints(url, db string, kinds []string, slots int, demo bool, cli string, dashboard bool) {
+	fmt.Fprintf(a.stdout, "sluice dev: serving %s (auth OFF, database %s)\n", url, db)
+	if dashboard {
+		fmt.Fprintf(a.stdout, "dashboard: %s/ (open it in a browser)\n", url)
+	}
+	fmt.Fprintf(a.stdout, "in-process worker: kinds %s, %d slots\n\n", strings.Join(kinds, ", "), slots)
 	if !demo {
 		a.printDevTry(url, cli)
 		fmt.Fprintln(a.stdout, "Press Ctrl-C to stop.")

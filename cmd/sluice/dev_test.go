@@ -44,15 +44,25 @@ func TestDemoEnd(t *testing.T) {
 func TestDevHintsWithoutDemo(t *testing.T) {
 	t.Parallel()
 	ta := newTestApp(nil)
-	ta.printDevHints(defaultServerURL, "sqlite:sluice-dev.db", []string{"echo"}, 4, false, "sluice")
+	ta.printDevHints(defaultServerURL, "sqlite:sluice-dev.db", []string{"echo"}, 4, false, "sluice", true)
 	out := ta.stdout.String()
 	if !strings.Contains(out, "\n  sluice queues\n") || !strings.HasSuffix(out, "Press Ctrl-C to stop.\n") {
 		t.Fatalf("dev hints:\n%s", out)
 	}
 	ta = newTestApp(nil)
-	ta.printDevHints(defaultServerURL, "sqlite:sluice-dev.db", []string{"echo"}, 4, true, "sluice")
+	ta.printDevHints(defaultServerURL, "sqlite:sluice-dev.db", []string{"echo"}, 4, true, "sluice", true)
 	if out := ta.stdout.String(); strings.Contains(out, "Try") {
 		t.Fatalf("dev --demo hints list commands before the demo (they come after it):\n%s", out)
+	}
+	// The dashboard's address comes first, also with --demo (README's
+	// first command), and not when it is off.
+	if out := ta.stdout.String(); !strings.Contains(out, "dashboard: "+defaultServerURL+"/ ") {
+		t.Fatalf("dev hints do not name the dashboard:\n%s", out)
+	}
+	ta = newTestApp(nil)
+	ta.printDevHints(defaultServerURL, "sqlite:sluice-dev.db", []string{"echo"}, 4, true, "sluice", false)
+	if out := ta.stdout.String(); strings.Contains(out, "dashboard") {
+		t.Fatalf("dev hints name a dashboard that is off:\n%s", out)
 	}
 }
 

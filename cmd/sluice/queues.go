@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -80,57 +79,76 @@ on).`,
 
 	var limit, backlog optInt
 	var handover optBool
+	var strategy optStrategy
+	var rate optRate
+	var perKey bool
 	set := &cobra.Command{
 		Use:   "set NAME",
-		Short: "Set a queue's concurrency limit, backlog ceiling and handover (creates the queue)",
-		Long: `Set a queue's concurrency limit, backlog ceiling and handover, creating the
-queue if it does not exist. A setting not given keeps its current value;
-"none" removes a limit (unbounded). A limit is at least 1: 0 is refused,
-here and by the server (to run nothing, pause the queue).
+		Short: "Set a queue's limits, strategy, rate limit and handover (creates the queue)",
+		Long: `Set a queue's concurrency limit, backlog ceiling, strategy, rate limit and
+handover, creating the queue if it does not exist. Only the settings given
+change (the server applies a partial update); "none" removes a limit
+(unbounded) or the rate limit. A limit is at least 1: 0 is refused, here and
+by the server (to run nothing, pause the queue).
 
 --concurrency-limit caps the running tasks of each sub-queue (each
 concurrency key value has its own); --max-backlog caps the unfinished tasks
 of the queue: a trigger over it is rejected with HTTP 429.
 
+--strategy is what a trigger does when its sub-queue is full (needs a
+concurrency limit): queue (the default) waits; cancel_newest rejects the
+trigger (HTTP 409, code concurrency_full); cancel_in_progress cancels the
+sub-queue's oldest running task to make room for the new one.
+
+--rate-limit N/PERIOD caps starts: at most N in any window of PERIOD (at
+least 1s), for the whole queue, or for each concurrency key with --per-key.
+A task waiting for its rate holds no slot.
+
 --handover on: while a limited sub-queue is full with tasks waiting, each
 task a worker claims comes with its successor (the next waiting task)
 reserved for that worker, which starts it on the same slot the moment the
 task ends, with no round trip to the server. Workers take part unless
-started with --no-handover. Off by default.`,
+started with --no-handover. Off by default; not with a rate limit.`,
 		Example: `  sluice queues set email --concurrency-limit 5
   sluice queues set email --max-backlog 1000
   sluice queues set email --concurrency-limit none
-  sluice queues set email --concurrency-limit 4 --handover on`,
+  sluice queues set email --concurrency-limit 4 --handover on
+  sluice queues set deploy --concurrency-limit 1 --strategy cancel_in_progress
+  sluice queues set api --rate-limit 100/1m --per-key
+  sluice queues set api --rate-limit none`,
 		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !limit.set && !backlog.set && !handover.set {
-				return usagef("queues set: give --concurrency-limit, --max-backlog and/or --handover")
+			if !limit.set && !backlog.set && !handover.set && !strategy.set && !rate.set {
+				return usagef("queues set: give --concurrency-limit, --max-backlog, --strategy, --rate-limit and/or --handover")
+			}
+			if perKey && (!rate.set || rate.v == nil) {
+				return usagef("queues set: --per-key goes with --rate-limit N/PERIOD")
 			}
 			b, err := c.backend()
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			// PUT replaces every setting, so start from the current ones
-			// to leave those not given unchanged.
+			// A partial update: only the settings given are sent.
 			var p sluice.QueueParams
-			cur, err := b.GetQueue(ctx, args[0])
-			switch {
-			case err == nil:
-				p = sluice.QueueParams{ConcurrencyLimit: cur.ConcurrencyLimit, MaxBacklog: cur.MaxBacklog, Handover: cur.Handover}
-			case !errors.Is(err, sluice.ErrNotFound):
-				return err
-			}
 			if limit.set {
-				p.ConcurrencyLimit = limit.v
+				p.ConcurrencyLimit = sluice.SetOrNull(limit.v)
 			}
 			if backlog.set {
-				p.MaxBacklog = backlog.v
+				p.MaxBacklog = sluice.SetOrNull(backlog.v)
 			}
 			if handover.set {
-				p.Handover = handover.v
+				p.Handover = sluice.Set(handover.v)
 			}
-			q, err := b.PutQueue(ctx, args[0], p)
+			if strategy.set {
+				p.Strategy = sluice.Set(strategy.v)
+			}
+			if rate.set {
+				if rate.v != nil {
+					rate.v.PerKey = perKey
+				}
+				p.RateLimit = sluice.SetOrNull(rate.v)
+			}
+			q, err := b.PutQueue(cmd.Context(), args[0], p)
 			if err != nil {
 				return err
 			}
@@ -140,6 +158,34 @@ started with --no-handover. Off by default.`,
 	set.Flags().Var(&limit, "concurrency-limit", "most running tasks per sub-queue: N ≥ 1, or none (unbounded); 0 is refused (pause the queue to run nothing)")
 	set.Flags().Var(&backlog, "max-backlog", "most unfinished tasks in the queue: N ≥ 1, or none (unbounded); 0 is refused")
 	set.Flags().Var(&handover, "handover", "start each task's successor on its slot with no round trip while the sub-queue is full: on or off")
+	set.Flags().Var(&strategy, "strategy", "when a sub-queue is full: queue (wait), cancel_newest (reject the trigger) or cancel_in_progress (cancel the oldest running task)")
+	set.Flags().Var(&rate, "rate-limit", "most starts per period: N/PERIOD such as 100/1m or 10/1s (period ≥ 1s), or none")
+	set.Flags().BoolVar(&perKey, "per-key", false, "with --rate-limit: count each concurrency key apart, not the queue as a whole")
+
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a queue that holds no unfinished task",
+		Long: `Delete a queue that holds no unfinished task; its finished tasks stay. A
+queue with unfinished tasks is refused (HTTP 409, naming how many): cancel
+them or let them finish first. A trigger naming the queue later creates it
+anew, with the default settings.`,
+		Example: `  sluice queues delete old-email`,
+		Args:    exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := c.backend()
+			if err != nil {
+				return err
+			}
+			if err := b.DeleteQueue(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			if c.json() {
+				return a.printJSON(map[string]string{"deleted": args[0]})
+			}
+			_, err = fmt.Fprintf(a.stdout, "deleted queue %s\n", args[0])
+			return err
+		},
+	}
 
 	pause := &cobra.Command{
 		Use:   "pause NAME",
@@ -178,7 +224,7 @@ previous behaviour exactly.`,
 			return a.printQueue(&c, q)
 		},
 	}
-	cmd.AddCommand(list, get, set, pause, resume)
+	cmd.AddCommand(list, get, set, del, pause, resume)
 	return cmd
 }
 
@@ -192,6 +238,8 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	row(tw, "MAX BACKLOG", q.MaxBacklog)
 	row(tw, "PAUSED", q.Paused)
 	row(tw, "HANDOVER", onOff(q.Handover))
+	row(tw, "STRATEGY", q.Strategy)
+	row(tw, "RATE LIMIT", queueRate(q))
 	row(tw, "RUNNING", q.Counts[sluice.StateRunning])
 	row(tw, "READY (slot, no worker yet)", q.Counts[sluice.StateReady])
 	row(tw, "ACTIVE (unfinished)", q.Active)
@@ -293,3 +341,66 @@ func (o *optBool) Set(s string) error {
 }
 
 func (o *optBool) Type() string { return "on|off" }
+
+// queueRate shows a queue's rate limit: "none", "100/1m" or "100/1m per
+// key".
+func queueRate(q *sluice.Queue) string {
+	switch r := q.RateLimit; {
+	case r == nil:
+		return "none"
+	case r.PerKey:
+		return r.String() + " per key"
+	default:
+		return r.String()
+	}
+}
+
+// optStrategy is a flag value that is a strategy.
+type optStrategy struct {
+	set bool
+	v   sluice.Strategy
+}
+
+func (o *optStrategy) String() string { return string(o.v) }
+
+func (o *optStrategy) Set(s string) error {
+	if v := sluice.Strategy(s); s == "" || !v.Valid() {
+		return fmt.Errorf("want queue, cancel_newest or cancel_in_progress, got %q", s)
+	}
+	o.set, o.v = true, sluice.Strategy(s)
+	return nil
+}
+
+func (o *optStrategy) Type() string { return "queue|cancel_newest|cancel_in_progress" }
+
+// optRate is a flag value that is a rate limit (N/PERIOD) or "none".
+type optRate struct {
+	set bool
+	v   *sluice.RateLimit
+}
+
+func (o *optRate) String() string {
+	if !o.set {
+		return ""
+	}
+	if o.v == nil {
+		return "none"
+	}
+	return o.v.String()
+}
+
+func (o *optRate) Set(s string) error {
+	o.set = true
+	if s == "none" {
+		o.v = nil
+		return nil
+	}
+	r, err := sluice.ParseRateLimit(s)
+	if err != nil {
+		return err
+	}
+	o.v = &r
+	return nil
+}
+
+func (o *optRate) Type() string { return "N/PERIOD|none" }

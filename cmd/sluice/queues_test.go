@@ -119,7 +119,7 @@ func TestConcurrencyLimitZero(t *testing.T) {
 		t.Fatalf("queues set --help (exit %d) does not say 0 is refused:\n%s", code, help)
 	}
 	zero := 0
-	_, err := sluice.NewClient(url, sluice.WithToken(e2eAdminToken)).PutQueue(t.Context(), "q", sluice.QueueParams{ConcurrencyLimit: &zero})
+	_, err := sluice.NewClient(url, sluice.WithToken(e2eAdminToken)).PutQueue(t.Context(), "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(zero)})
 	if !errors.Is(err, sluice.ErrInvalid) || !strings.Contains(err.Error(), "concurrency_limit: must be ≥ 1") {
 		t.Fatalf("the server took a limit of 0: %v", err)
 	}

@@ -193,6 +193,9 @@ func (a *app) printRun(c *clientFlags, r *sluice.Run) error {
 	if r.ConcurrencyKey != "" {
 		field("KEY", r.ConcurrencyKey)
 	}
+	if r.ParentRun != 0 {
+		field("PARENT", fmt.Sprintf("run %d, step %q", r.ParentRun, r.ParentStep))
+	}
 	if !r.State.Terminal() {
 		field("EXPLAIN", r.Explain)
 	}
@@ -219,7 +222,12 @@ func (a *app) printRun(c *clientFlags, r *sluice.Run) error {
 			if st.Window > 0 {
 				window = strconv.Itoa(st.Window)
 			}
-			row(tw, st.Name, string(st.State), items, window, taskIDsCell(st.Tasks), truncate(st.Error, 80))
+			tasks := taskIDsCell(st.Tasks)
+			if st.ChildRun != 0 {
+				// A workflow step has no task: its child run.
+				tasks = fmt.Sprintf("run %d", st.ChildRun)
+			}
+			row(tw, st.Name, string(st.State), items, window, tasks, truncate(st.Error, 80))
 		}
 		tw.Flush()
 	}

@@ -20,7 +20,11 @@ const closeTimeout = 10 * time.Second
 func (a *app) newServerCmd() *cobra.Command {
 	return a.serverCmd(func(ctx context.Context, cfg server.Config) error {
 		return a.serve(ctx, cfg, func(url string) {
-			cfg.Logger.Info("sluice server listening", "url", url, "db", cfg.RedactedDB())
+			if cfg.NoDashboard {
+				cfg.Logger.Info("sluice server listening", "url", url, "db", cfg.RedactedDB())
+				return
+			}
+			cfg.Logger.Info("sluice server listening", "url", url, "dashboard", url+"/", "db", cfg.RedactedDB())
 		})
 	})
 }

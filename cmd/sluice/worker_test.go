@@ -400,7 +400,7 @@ func TestServerTakesChainResults(t *testing.T) {
 	c := sluice.NewClient(url, sluice.WithToken(e2eAdminToken))
 	ctx := t.Context()
 	limit := 1
-	if _, err := c.PutQueue(ctx, "chain", sluice.QueueParams{ConcurrencyLimit: &limit, Handover: true}); err != nil {
+	if _, err := c.PutQueue(ctx, "chain", sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit), Handover: sluice.Set(true)}); err != nil {
 		t.Fatal(err)
 	}
 	for range 4 {

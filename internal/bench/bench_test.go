@@ -335,10 +335,10 @@ func benchEngineCycle(b *testing.B, shape Shape) {
 	var key func(int) string
 	switch shape {
 	case Limited:
-		_, err = e.eng.PutQueue(ctx, "cycle", sluice.QueueParams{ConcurrencyLimit: &cfg.Limit})
+		_, err = e.eng.PutQueue(ctx, "cycle", sluice.QueueParams{ConcurrencyLimit: sluice.Set(cfg.Limit)})
 	case Keyed:
 		one := 1
-		_, err = e.eng.PutQueue(ctx, "cycle", sluice.QueueParams{ConcurrencyLimit: &one})
+		_, err = e.eng.PutQueue(ctx, "cycle", sluice.QueueParams{ConcurrencyLimit: sluice.Set(one)})
 		key = func(i int) string { return "k" + strconv.Itoa(i%cfg.Keys) }
 	}
 	require.NoError(b, err)

@@ -110,7 +110,7 @@ func setupBlocked(ctx context.Context, cfg *Config, blocked int) (_ *blockedSetu
 	}()
 	eng := e.eng
 	one := 1
-	if _, err := eng.PutQueue(ctx, hotQueue, sluice.QueueParams{ConcurrencyLimit: &one}); err != nil {
+	if _, err := eng.PutQueue(ctx, hotQueue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(one)}); err != nil {
 		return nil, err
 	}
 	holder, err := eng.RegisterWorker(ctx, sluice.RegisterWorkerParams{Name: "holder", Kinds: []string{"echo"}, Slots: 1})

@@ -78,7 +78,7 @@ func RunSlowLimited(ctx context.Context, cfg Config) (*SlowResult, error) {
 	}
 	defer e.close()
 	const queue = "bench-slow"
-	if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: &r.Limit, Handover: r.Handover}); err != nil {
+	if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(r.Limit), Handover: sluice.Set(r.Handover)}); err != nil {
 		return nil, fmt.Errorf("creating queue: %w", err)
 	}
 	input, _ := json.Marshal(map[string]string{"duration": cfg.SlowSleep.String()})

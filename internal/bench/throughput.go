@@ -111,7 +111,7 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 	}
 	if r.Limit > 0 {
 		r.Handover = cfg.LimitedHandover
-		if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: &r.Limit, Handover: r.Handover}); err != nil {
+		if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(r.Limit), Handover: sluice.Set(r.Handover)}); err != nil {
 			return nil, fmt.Errorf("creating queue: %w", err)
 		}
 	}

@@ -46,6 +46,8 @@ type Engine struct {
 
 	mu      sync.Mutex
 	cancels map[string][]int64 // worker id → running tasks to cancel
+
+	waits childWaits // wakes parents waiting for children (children.go)
 }
 
 var _ sluice.Backend = (*Engine)(nil)
@@ -88,7 +90,14 @@ func (e *Engine) after(o store.Outcome) {
 	if o.RunEvents > 0 {
 		e.orchestrator.wake()
 	}
+	if o.RateWait {
+		e.kickScheduler() // its pass lets rate-limited sub-queues back
+	}
+	if len(o.Cancelled) > 0 {
+		e.stopCancelled(o.Cancelled)
+	}
 	if o.Readied > 0 {
+		e.waits.wasReadied()
 		e.disp.wake()
 		return
 	}
@@ -110,6 +119,9 @@ func (e *Engine) Ready(ctx context.Context) error {
 
 // Trigger creates a task (S-FC4 overrides: queue, key, priority).
 func (e *Engine) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.Task, bool, error) {
+	if err := reservedKey(p.IdempotencyKey); err != nil {
+		return nil, false, err
+	}
 	tasks, created, err := e.TriggerMany(ctx, []sluice.TriggerParams{p})
 	if err != nil {
 		return nil, false, err
@@ -121,6 +133,13 @@ func (e *Engine) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.T
 func (e *Engine) TriggerBatch(ctx context.Context, p sluice.TriggerBatchParams) (*sluice.TriggerBatchResult, error) {
 	if err := validate.TriggerBatch(&p); err != nil {
 		return nil, err
+	}
+	for i := range p.Tasks {
+		if err := reservedKey(p.Tasks[i].IdempotencyKey); err != nil {
+			err.Field = fmt.Sprintf("tasks[%d].%s", i, err.Field)
+			err.Message = fmt.Sprintf("tasks[%d].%s", i, err.Message)
+			return nil, err
+		}
 	}
 	tasks, created, err := e.TriggerMany(ctx, p.Tasks)
 	if err != nil {
@@ -278,18 +297,14 @@ func pageOf[T any](after string, limit int, list func(after int64) ([]T, error),
 }
 
 // CancelTask cancels a task; a running one is told through its worker.
+// Its children are cancelled too, all the way down (children.go).
 func (e *Engine) CancelTask(ctx context.Context, id int64) (*sluice.Task, error) {
-	t, o, err := e.st.CancelTask(ctx, id)
+	t, err := e.cancelTask(ctx, id)
 	if err != nil {
+		e.cancelledAgain(ctx, id, err)
 		return nil, err
 	}
-	e.after(o)
-	if t.State == sluice.StateRunning && t.WorkerID != "" {
-		e.mu.Lock()
-		e.cancels[t.WorkerID] = append(e.cancels[t.WorkerID], t.ID)
-		e.mu.Unlock()
-		e.disp.wakeWorker(t.WorkerID) // its long-poll delivers the cancel
-	}
+	e.cancelChildren(ctx, []int64{id})
 	t.Explain, err = e.Explain(ctx, t)
 	return t, err
 }
@@ -318,6 +333,19 @@ func (e *Engine) PutQueue(ctx context.Context, name string, p sluice.QueueParams
 	}
 	e.after(o)
 	return q, nil
+}
+
+// DeleteQueue deletes a queue with no unfinished task.
+func (e *Engine) DeleteQueue(ctx context.Context, name string) error {
+	if err := validate.QueueName(name); err != nil {
+		return err
+	}
+	o, err := e.st.DeleteQueue(ctx, name)
+	if err != nil {
+		return err
+	}
+	e.after(o)
+	return nil
 }
 
 // GetQueue returns a queue with counts.
@@ -579,6 +607,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	if err != nil {
 		return nil, err
 	}
+	e.childrenEnded(p.Results, acks, o)
 	res := &sluice.CompleteResult{Results: acks, Tasks: tasks}
 	started := 0 // tasks to run now, not reserved successors
 	for _, t := range tasks {
@@ -682,6 +711,7 @@ func (e *Engine) DeregisterWorker(ctx context.Context, workerID string) error {
 	e.takeCancels(workerID)
 	e.disp.forget(workerID)
 	e.after(o)
+	e.waits.someEnded()
 	e.log.Info("worker deregistered", "worker", workerID)
 	return nil
 }

@@ -141,7 +141,7 @@ func (f *fixture) get(id int64) *sluice.Task {
 
 func (f *fixture) putQueue(name string, limit int) {
 	f.t.Helper()
-	_, err := f.e.PutQueue(f.ctx, name, sluice.QueueParams{ConcurrencyLimit: &limit})
+	_, err := f.e.PutQueue(f.ctx, name, sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit)})
 	require.NoError(f.t, err)
 }
 
@@ -493,7 +493,7 @@ func TestAdmission(t *testing.T) {
 	})
 	t.Run("queue max_backlog", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
-		_, err := f.e.PutQueue(f.ctx, "small", sluice.QueueParams{MaxBacklog: func() *int { v := 2; return &v }()})
+		_, err := f.e.PutQueue(f.ctx, "small", sluice.QueueParams{MaxBacklog: sluice.Set(2)})
 		require.NoError(t, err)
 		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "small"})
 		f.trigger(sluice.TriggerParams{Kind: "k", Queue: "small"})
@@ -735,11 +735,11 @@ func TestValidation(t *testing.T) {
 			return err
 		}, "tasks[1].kind"},
 		{"zero concurrency_limit", func(ctx context.Context, e *engine.Engine) error {
-			_, err := e.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: &zero})
+			_, err := e.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(zero)})
 			return err
 		}, "concurrency_limit"},
 		{"negative max_backlog", func(ctx context.Context, e *engine.Engine) error {
-			_, err := e.PutQueue(ctx, "q", sluice.QueueParams{MaxBacklog: &neg})
+			_, err := e.PutQueue(ctx, "q", sluice.QueueParams{MaxBacklog: sluice.Set(neg)})
 			return err
 		}, "max_backlog"},
 		{"bad queue name", func(ctx context.Context, e *engine.Engine) error {
@@ -865,7 +865,7 @@ func handoverDepth(t *testing.T, depth int) {
 func (f *fixture) handoverWorker() *sluice.WorkerRegistration {
 	f.t.Helper()
 	one := 1
-	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &one, Handover: true})
+	_, err := f.e.PutQueue(f.ctx, "hq", sluice.QueueParams{ConcurrencyLimit: sluice.Set(one), Handover: sluice.Set(true)})
 	require.NoError(f.t, err)
 	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"k"}, Slots: 10, Handover: true})
 	require.NoError(f.t, err)

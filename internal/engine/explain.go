@@ -6,11 +6,16 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // Explain says why a non-terminal task is not running (S-FC9), or what it
 // is doing. It is empty for finished tasks.
 func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
+	if t.State == sluice.StateSuspended || (t.State == sluice.StateReady && waitingOnChild(t)) {
+		return explainChild(t, ""), nil
+	}
 	switch t.State {
 	case sluice.StateWaiting:
 		return e.explainWaiting(ctx, t)
@@ -31,27 +36,11 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 		}
 		return fmt.Sprintf("queue %q paused", t.Queue), nil
 	case sluice.StateQueued:
-		sq, err := e.st.SubqueueStatus(ctx, t.ID)
-		if err != nil {
-			return "", err
+		if waitingOnChild(t) {
+			why, err := e.explainQueued(ctx, t)
+			return explainChild(t, why), err
 		}
-		if sq.Paused {
-			return fmt.Sprintf("queue %q paused", t.Queue), nil
-		}
-		if sq.Limit != nil && sq.Running >= *sq.Limit {
-			if sq.ConcurrencyKey != "" {
-				return fmt.Sprintf("key %q %d/%d running in queue %q", sq.ConcurrencyKey, sq.Running, *sq.Limit, sq.Queue), nil
-			}
-			return fmt.Sprintf("queue %q %d/%d running", sq.Queue, sq.Running, *sq.Limit), nil
-		}
-		env, err := e.st.EnvStatus(ctx)
-		if err != nil {
-			return "", err
-		}
-		if env.MaxRunning > 0 && env.Running >= env.MaxRunning {
-			return fmt.Sprintf("environment %d/%d running", env.Running, env.MaxRunning), nil
-		}
-		return "queued: waiting behind earlier tasks of its queue", nil
+		return e.explainQueued(ctx, t)
 	case sluice.StateReady:
 		ok, err := e.st.KindHasWorker(ctx, t.Kind)
 		if err != nil {
@@ -71,6 +60,35 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 		return s, nil
 	}
 	return "", nil
+}
+
+// explainQueued explains a queued task: what it waits for.
+func (e *Engine) explainQueued(ctx context.Context, t *sluice.Task) (string, error) {
+	sq, err := e.st.SubqueueStatus(ctx, t.ID)
+	if err != nil {
+		return "", err
+	}
+	if sq.Paused {
+		return fmt.Sprintf("queue %q paused", t.Queue), nil
+	}
+	if sq.Limit != nil && sq.Running >= *sq.Limit {
+		if sq.ConcurrencyKey != "" {
+			return fmt.Sprintf("key %q %d/%d running in queue %q", sq.ConcurrencyKey, sq.Running, *sq.Limit, sq.Queue), nil
+		}
+		return fmt.Sprintf("queue %q %d/%d running", sq.Queue, sq.Running, *sq.Limit), nil
+	}
+	if sq.RateWait > 0 {
+		return fmt.Sprintf("%s: next start at %s", flow.RateText(sq.RateLimit, sq.RatePeriodUS, sq.Queue, sq.ConcurrencyKey, sq.RateBucket),
+			store.FromUS(sq.RateWait).UTC().Format(time.RFC3339)), nil
+	}
+	env, err := e.st.EnvStatus(ctx)
+	if err != nil {
+		return "", err
+	}
+	if env.MaxRunning > 0 && env.Running >= env.MaxRunning {
+		return fmt.Sprintf("environment %d/%d running", env.Running, env.MaxRunning), nil
+	}
+	return "queued: waiting behind earlier tasks of its queue", nil
 }
 
 // explainWaiting explains a fan-out item waiting for its step's window.

@@ -143,7 +143,15 @@ func (o *orchestrator) handle(ctx context.Context, id int64, events []int64) err
 			// the run cannot go on.
 			a.End = &store.RunEnd{State: sluice.RunFailed, Error: "definition: " + err.Error()}
 		} else {
-			d := orchestrate.Decide(w, run, o.cfg.Defaults)
+			defaults := o.cfg.Defaults
+			children := o.children(ctx, run)
+			defaults.Child = children.resolve
+			d := orchestrate.Decide(w, run, defaults)
+			if children.err != nil {
+				// The store could not be read: decide again later rather
+				// than fail the step.
+				return children.err
+			}
 			a.Steps, a.End = d.Steps, d.End
 		}
 		out, err := o.deps.st.ApplyRun(ctx, a)

@@ -31,7 +31,10 @@ func (e *Engine) newServices() {
 	e.cron = newCronService(deps, cronConfig{MaxWait: schedulerMaxWait}, e.newRun,
 		func() store.Limits { return store.Limits{MaxActive: e.cfg.MaxActive} }, e.after)
 	if n, ok := e.st.(store.Notifier); ok {
-		e.listener = newListener(deps, n, e.disp.wake)
+		e.listener = newListener(deps, n, func() {
+			e.disp.wake()
+			e.waits.wasReadied() // a parent's slots may be back
+		})
 	}
 	if l, ok := e.st.(store.Leader); ok {
 		e.leader = newLeader(deps, leaderConfig{Interval: e.cfg.SweepInterval}, l, e.startServices, e.stopServices)
@@ -137,7 +140,10 @@ func (e *Engine) Stop(ctx context.Context) error {
 // changed nothing: it must not make waiting claims look again. The sweeper
 // and the scheduler each run one a second even when idle.
 func (e *Engine) afterPass(n int, o store.Outcome) {
-	if n > 0 || o.Readied > 0 {
+	if n > 0 || o.Readied > 0 || o.RateWait {
 		e.after(o)
+	}
+	if n > 0 {
+		e.waits.someEnded() // tasks ended: children among them?
 	}
 }

@@ -89,6 +89,15 @@ func (e *Engine) ListWorkflows(ctx context.Context) ([]sluice.WorkflowInfo, erro
 // admitted as one task (429 over the admission ceiling, nothing created);
 // its later tasks are never rejected.
 func (e *Engine) StartRun(ctx context.Context, p sluice.StartRunParams) (*sluice.Run, bool, error) {
+	if err := reservedKey(p.IdempotencyKey); err != nil {
+		return nil, false, err
+	}
+	return e.startRun(ctx, p)
+}
+
+// startRun is StartRun for any idempotency key (a child run's is
+// reserved: store.ChildKey).
+func (e *Engine) startRun(ctx context.Context, p sluice.StartRunParams) (*sluice.Run, bool, error) {
 	if err := validate.Name("workflow", p.Workflow); err != nil {
 		return nil, false, err
 	}
@@ -129,14 +138,20 @@ func (e *Engine) StartRun(ctx context.Context, p sluice.StartRunParams) (*sluice
 // with input: its version and its place under the workflow's own
 // concurrency.
 func (e *Engine) newRun(ctx context.Context, workflow string, version int, input []byte, idem string) (store.NewRun, error) {
+	return newRunOf(ctx, e.defs, workflow, version, input, idem)
+}
+
+// newRunOf is Engine.newRun with the definitions cache defs (the
+// orchestrator starts child runs with it).
+func newRunOf(ctx context.Context, defs *definitions, workflow string, version int, input []byte, idem string) (store.NewRun, error) {
 	var (
 		w   *definition.Workflow
 		err error
 	)
 	if version == 0 {
-		w, version, err = e.defs.latest(ctx, workflow)
+		w, version, err = defs.latest(ctx, workflow)
 	} else {
-		w, err = e.defs.get(ctx, workflow, version)
+		w, err = defs.get(ctx, workflow, version)
 	}
 	if err != nil {
 		return store.NewRun{}, err
@@ -221,6 +236,7 @@ func (e *Engine) runView(ctx context.Context, rec *store.RunRecord, full bool) (
 				rs.Tasks = []int64{}
 			}
 			rs.Counts = counts[st.ID]
+			rs.ChildRun = st.ChildRun
 		}
 		run.Steps[i] = rs
 	}
@@ -286,6 +302,9 @@ func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *defini
 // task that does not run is waiting.
 func (e *Engine) explainStep(ctx context.Context, rec *store.RunRecord, st *store.StepRecord, s sluice.RunStep) (string, error) {
 	head := fmt.Sprintf("step %q", s.Name)
+	if st != nil && st.ChildRun != 0 {
+		return e.explainChildStep(ctx, head, st.ChildRun)
+	}
 	if st != nil && st.Items >= 0 {
 		done := st.Items - st.Remaining
 		head += fmt.Sprintf(": %d/%d items done", done, st.Items)
@@ -352,12 +371,18 @@ func (e *Engine) CancelRun(ctx context.Context, id int64) (*sluice.Run, error) {
 	if err := validate.TaskID("id", id); err != nil {
 		return nil, err
 	}
-	rec, o, err := e.st.CancelRun(ctx, id)
+	rec, _, err := e.cancelRun(ctx, id)
 	if err != nil {
+		if errors.Is(err, sluice.ErrConflict) {
+			// Cancelled before? Its tasks' children then (a retried
+			// cancel whose cascade was cut short: children.go).
+			if r, gerr := e.st.GetRun(ctx, id); gerr == nil && r.State == sluice.RunCancelled {
+				e.cancelRunChildren(ctx, id)
+			}
+		}
 		return nil, err
 	}
-	e.after(o)
-	e.queueRunCancels(ctx, id)
+	e.cancelRunChildren(ctx, id)
 	return e.runView(ctx, rec, true)
 }
 
@@ -365,15 +390,28 @@ func (e *Engine) CancelRun(ctx context.Context, id int64) (*sluice.Run, error) {
 // ended without succeeding has its running tasks told to stop.
 func (e *Engine) afterRun(ctx context.Context, o store.Outcome, a *store.RunApply) {
 	e.after(o)
+	if a.End != nil {
+		e.waits.ended(waitKey{run: a.RunID}) // a child run?
+	}
 	if a.End != nil && a.End.State != sluice.RunSucceeded {
 		e.queueRunCancels(ctx, a.RunID)
+		e.cancelRunChildren(ctx, a.RunID)
 	}
 }
 
-// queueRunCancels tells the workers running a run's tasks to stop them
-// (their next claim or heartbeat delivers it; the store has them
-// cancel-requested either way).
+// queueRunCancels tells the workers running the tasks of a run and of
+// its child runs (recursively) to stop them (their next claim or
+// heartbeat delivers it; the store has them cancel-requested either
+// way).
 func (e *Engine) queueRunCancels(ctx context.Context, runID int64) {
+	for _, id := range e.runTree(ctx, runID) {
+		e.queueRunTaskCancels(ctx, id)
+	}
+}
+
+// queueRunTaskCancels tells the workers running a run's tasks to stop
+// them.
+func (e *Engine) queueRunTaskCancels(ctx context.Context, runID int64) {
 	tasks, err := e.st.ListTasks(ctx, sluice.TaskFilter{RunID: runID, State: sluice.StateRunning, Limit: 1000}, 0)
 	if err != nil {
 		e.log.Warn("listing a cancelled run's running tasks", "run", runID, "err", err)

@@ -25,7 +25,8 @@ const DefaultMaxBodyBytes = 1 << 20
 // limit, always ready, no metrics and no logging.
 type Options struct {
 	// AdminToken grants every route. WorkerToken grants only the worker
-	// protocol (register, claim, complete, heartbeat, release, deregister).
+	// protocol (register, claim, complete, heartbeat, release, deregister,
+	// and a held task's children and waits).
 	// Both empty turns auth off (dev mode). When only one is set, the routes
 	// it does not grant accept no token at all: an empty token never
 	// matches.
@@ -85,9 +86,12 @@ var Routes = []Route{
 	{"GET", "/readyz", ScopePublic, (*api).readyz},
 	{"GET", "/metrics", ScopeAdmin, (*api).metrics},
 
+	{"GET", "/v1/environment", ScopeAdmin, (*api).environment},
+
 	{"GET", "/v1/queues", ScopeAdmin, (*api).listQueues},
 	{"GET", "/v1/queues/{name}", ScopeAdmin, (*api).getQueue},
 	{"PUT", "/v1/queues/{name}", ScopeAdmin, (*api).putQueue},
+	{"DELETE", "/v1/queues/{name}", ScopeAdmin, (*api).deleteQueue},
 	{"POST", "/v1/queues/{name}/pause", ScopeAdmin, (*api).pauseQueue},
 	{"POST", "/v1/queues/{name}/resume", ScopeAdmin, (*api).resumeQueue},
 
@@ -122,6 +126,8 @@ var Routes = []Route{
 	{"POST", "/v1/workers/{id}/complete", ScopeWorker, (*api).complete},
 	{"POST", "/v1/workers/{id}/heartbeat", ScopeWorker, (*api).heartbeat},
 	{"POST", "/v1/workers/{id}/release", ScopeWorker, (*api).release},
+	{"POST", "/v1/workers/{wid}/tasks/{id}/children", ScopeWorker, (*api).triggerChild},
+	{"POST", "/v1/workers/{wid}/tasks/{id}/wait", ScopeWorker, (*api).waitChild},
 }
 
 // Error codes the HTTP layer adds to the sluice.Code* set.

@@ -81,8 +81,9 @@ func TestHappyPaths(t *testing.T) {
 		{"GET", "/readyz", "", 200, "", nil},
 		{"PUT", "/v1/queues/email", `{"concurrency_limit": 3, "max_backlog": null}`, 200, "PutQueue", func(t *testing.T, b []byte, f *fakeBackend) {
 			p := f.Calls()[0].Arg.(sluice.QueueParams)
-			require.Equal(t, 3, *p.ConcurrencyLimit)
-			require.Nil(t, p.MaxBacklog)
+			require.Equal(t, 3, *p.ConcurrencyLimit.Value)
+			require.True(t, p.MaxBacklog.IsNull(), "null clears")
+			require.False(t, p.Handover.Present, "absent stays unchanged")
 			var q sluice.Queue
 			require.NoError(t, json.Unmarshal(b, &q))
 			require.Equal(t, "email", q.Name)
@@ -90,7 +91,7 @@ func TestHappyPaths(t *testing.T) {
 		}},
 		{"PUT", "/v1/queues/email", `{}`, 200, "PutQueue", nil},
 		{"PUT", "/v1/queues/email", `{"concurrency_limit": 2, "handover": true}`, 200, "PutQueue", func(t *testing.T, b []byte, f *fakeBackend) {
-			require.True(t, f.Calls()[0].Arg.(sluice.QueueParams).Handover)
+			require.True(t, *f.Calls()[0].Arg.(sluice.QueueParams).Handover.Value)
 			var q map[string]any
 			require.NoError(t, json.Unmarshal(b, &q))
 			require.Equal(t, true, q["handover"])
@@ -307,6 +308,12 @@ func TestBadInput(t *testing.T) {
 		{"queue unknown field", "PUT", "/v1/queues/q", `{"limit":3}`, 400, "limit", "limit: unknown field"},
 		{"queue trailing", "PUT", "/v1/queues/q", `{}]`, 400, "", "unexpected data"},
 		{"queue bad name", "PUT", "/v1/queues/a%20b", `{}`, 400, "name", "name:"},
+		{"queue bad strategy", "PUT", "/v1/queues/q", `{"strategy":"newest"}`, 400, "strategy", `strategy: unknown strategy "newest"`},
+		{"queue strategy type", "PUT", "/v1/queues/q", `{"strategy":1}`, 400, "strategy", "strategy: want string"},
+		{"queue short period", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"500ms"}}`, 400, "rate_limit.period", "rate_limit.period: must be ≥ 1s"},
+		{"queue rate zero", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":0,"period":"1m"}}`, 400, "rate_limit.limit", "rate_limit.limit: must be 1 to"},
+		{"queue rate period number", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":60}}`, 400, "rate_limit.period", "rate_limit.period: want a duration string"},
+		{"queue rate unknown", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"1m","burst":2}}`, 400, "rate_limit.burst", "unknown field"},
 		{"queue too large", "PUT", "/v1/queues/q", `{"concurrency_limit":` + strings.Repeat(" ", 2<<20) + `1}`, 413, "", "larger than"},
 
 		// Path and query parameters.
@@ -400,43 +407,47 @@ func TestBadInput(t *testing.T) {
 func TestAuth(t *testing.T) {
 	t.Parallel()
 	body := map[string]string{
-		"PUT /v1/queues/{name}":            `{}`,
-		"POST /v1/tasks":                   `{"kind":"a"}`,
-		"POST /v1/tasks/batch":             `{"tasks":[{"kind":"a"}]}`,
-		"POST /v1/workers":                 `{"kinds":["a"],"slots":1}`,
-		"POST /v1/workers/{id}/claim":      `{"max":1}`,
-		"POST /v1/workers/{id}/complete":   `{"results":[]}`,
-		"POST /v1/workers/{id}/heartbeat":  `{"free_slots":1}`,
-		"POST /v1/workers/{id}/release":    `{"task_ids":[]}`,
-		"POST /v1/queues/{name}/pause":     "",
-		"POST /v1/queues/{name}/resume":    "",
-		"POST /v1/tasks/{id}/cancel":       "",
-		"POST /v1/tasks/{id}/retry":        "",
-		"DELETE /v1/workers/{id}":          "",
-		"GET /v1/tasks/{id}":               "",
-		"GET /v1/queues/{name}":            "",
-		"GET /metrics":                     "",
-		"GET /v1/queues":                   "",
-		"GET /v1/tasks":                    "",
-		"GET /v1/workers":                  "",
-		"GET /healthz":                     "",
-		"GET /readyz":                      "",
-		"POST /v1/workflows":               `{"name":"a","steps":[{"name":"s","kind":"a"}]}`,
-		"GET /v1/workflows":                "",
-		"GET /v1/workflows/{name}":         "",
-		"POST /v1/runs":                    `{"workflow":"a"}`,
-		"GET /v1/runs":                     "",
-		"GET /v1/runs/{id}":                "",
-		"POST /v1/runs/{id}/cancel":        "",
-		"POST /v1/runs/{id}/pause":         "",
-		"POST /v1/runs/{id}/resume":        "",
-		"POST /v1/workflows/{name}/pause":  "",
-		"POST /v1/workflows/{name}/resume": "",
-		"GET /v1/schedules":                "",
-		"POST /v1/schedules/{id}/pause":    "",
-		"POST /v1/schedules/{id}/resume":   "",
+		"PUT /v1/queues/{name}":                      `{}`,
+		"DELETE /v1/queues/{name}":                   "",
+		"POST /v1/tasks":                             `{"kind":"a"}`,
+		"POST /v1/tasks/batch":                       `{"tasks":[{"kind":"a"}]}`,
+		"POST /v1/workers":                           `{"kinds":["a"],"slots":1}`,
+		"POST /v1/workers/{id}/claim":                `{"max":1}`,
+		"POST /v1/workers/{id}/complete":             `{"results":[]}`,
+		"POST /v1/workers/{id}/heartbeat":            `{"free_slots":1}`,
+		"POST /v1/workers/{id}/release":              `{"task_ids":[]}`,
+		"POST /v1/workers/{wid}/tasks/{id}/children": `{"kind":"a"}`,
+		"POST /v1/workers/{wid}/tasks/{id}/wait":     `{"task_id":2}`,
+		"POST /v1/queues/{name}/pause":               "",
+		"POST /v1/queues/{name}/resume":              "",
+		"POST /v1/tasks/{id}/cancel":                 "",
+		"POST /v1/tasks/{id}/retry":                  "",
+		"DELETE /v1/workers/{id}":                    "",
+		"GET /v1/tasks/{id}":                         "",
+		"GET /v1/queues/{name}":                      "",
+		"GET /metrics":                               "",
+		"GET /v1/queues":                             "",
+		"GET /v1/environment":                        "",
+		"GET /v1/tasks":                              "",
+		"GET /v1/workers":                            "",
+		"GET /healthz":                               "",
+		"GET /readyz":                                "",
+		"POST /v1/workflows":                         `{"name":"a","steps":[{"name":"s","kind":"a"}]}`,
+		"GET /v1/workflows":                          "",
+		"GET /v1/workflows/{name}":                   "",
+		"POST /v1/runs":                              `{"workflow":"a"}`,
+		"GET /v1/runs":                               "",
+		"GET /v1/runs/{id}":                          "",
+		"POST /v1/runs/{id}/cancel":                  "",
+		"POST /v1/runs/{id}/pause":                   "",
+		"POST /v1/runs/{id}/resume":                  "",
+		"POST /v1/workflows/{name}/pause":            "",
+		"POST /v1/workflows/{name}/resume":           "",
+		"GET /v1/schedules":                          "",
+		"POST /v1/schedules/{id}/pause":              "",
+		"POST /v1/schedules/{id}/resume":             "",
 	}
-	concrete := strings.NewReplacer("{name}", "email", "{id}", "1")
+	concrete := strings.NewReplacer("{name}", "email", "{id}", "1", "{wid}", "w1")
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "sluice_up 1") })
 	on := httpapi.Options{AdminToken: adminToken, WorkerToken: workerToken, Metrics: metrics}
 	off := httpapi.Options{Metrics: metrics}
@@ -567,7 +578,7 @@ func TestUnknownRouteAndMethod(t *testing.T) {
 		{"GET", "/v1/tasks/", 404, sluice.CodeNotFound, ""},
 		{"GET", "/v1/tasks/1/2", 404, sluice.CodeNotFound, ""},
 		{"DELETE", "/v1/tasks", 405, httpapi.CodeMethodNotAllowed, "GET, HEAD, POST"},
-		{"PATCH", "/v1/queues/email", 405, httpapi.CodeMethodNotAllowed, "GET, HEAD, PUT"},
+		{"PATCH", "/v1/queues/email", 405, httpapi.CodeMethodNotAllowed, "DELETE, GET, HEAD, PUT"},
 		{"GET", "/v1/workers/w1/claim", 405, httpapi.CodeMethodNotAllowed, "POST"},
 		{"POST", "/healthz", 405, httpapi.CodeMethodNotAllowed, "GET, HEAD"},
 	} {

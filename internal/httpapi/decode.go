@@ -162,6 +162,10 @@ func walk(t reflect.Type, raw json.RawMessage, path string) error {
 			return sluice.Invalid(path, "want a duration string such as \"1.5s\", got %s", describe(raw))
 		}
 		return nil
+	case isOpt(t):
+		// sluice.Opt[T] (a partial update's field): its value is a T,
+		// checked as one so errors name the path and the JSON type.
+		return walk(t.Field(1).Type.Elem(), raw, path)
 	case reflect.PointerTo(t).Implements(typeUnmarshaler):
 		if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
 			return sluice.Invalid(path, "%s", cleanJSONError(err))
@@ -296,18 +300,25 @@ func join(path, key string) string {
 var fieldCache sync.Map // reflect.Type -> map[string]reflect.Type
 
 // fieldsOf maps the JSON names of struct t's fields to their types, the way
-// encoding/json names them (embedded structs are not used by the API).
+// encoding/json names them: the fields of an embedded struct without a
+// JSON name are its own (sluice.ChildParams embeds TriggerParams), unless
+// t has a field of the same name.
 func fieldsOf(t reflect.Type) map[string]reflect.Type {
 	if m, ok := fieldCache.Load(t); ok {
 		return m.(map[string]reflect.Type)
 	}
 	m := make(map[string]reflect.Type, t.NumField())
+	var inlined []map[string]reflect.Type
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			inlined = append(inlined, fieldsOf(f.Type))
+			continue
+		}
 		if !f.IsExported() {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "-" {
 			continue
 		}
@@ -315,6 +326,13 @@ func fieldsOf(t reflect.Type) map[string]reflect.Type {
 			name = f.Name
 		}
 		m[name] = f.Type
+	}
+	for _, in := range inlined {
+		for name, ft := range in {
+			if _, ok := m[name]; !ok {
+				m[name] = ft
+			}
+		}
 	}
 	fieldCache.Store(t, m)
 	return m
@@ -381,4 +399,11 @@ func describe(raw json.RawMessage) string {
 		return k + " " + s
 	}
 	return k
+}
+
+// isOpt reports whether t is a sluice.Opt[T] (its second field, Value, is
+// a *T).
+func isOpt(t reflect.Type) bool {
+	return t.Kind() == reflect.Struct && t.PkgPath() == reflect.TypeFor[sluice.Strategy]().PkgPath() && strings.HasPrefix(t.Name(), "Opt[") &&
+		t.NumField() == 2 && t.Field(1).Name == "Value" && t.Field(1).Type.Kind() == reflect.Pointer
 }

@@ -25,6 +25,8 @@ var requestTypes = []func() any{
 	func() any { return &sluice.HeartbeatParams{} },
 	func() any { return &sluice.ReleaseParams{} },
 	func() any { return &sluice.StartRunParams{} },
+	func() any { return &sluice.ChildParams{} },
+	func() any { return &sluice.WaitChildParams{} },
 }
 
 // Every field of every request body, found by reflection, is read: a

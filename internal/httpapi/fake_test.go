@@ -120,8 +120,17 @@ func (f *fakeBackend) PutQueue(ctx context.Context, name string, p sluice.QueueP
 		return nil, err
 	}
 	q := fakeQueue(name)
-	q.ConcurrencyLimit, q.MaxBacklog, q.Handover = p.ConcurrencyLimit, p.MaxBacklog, p.Handover
+	q.ConcurrencyLimit, q.MaxBacklog = p.ConcurrencyLimit.Value, p.MaxBacklog.Value
+	q.Handover = p.Handover.Value != nil && *p.Handover.Value
+	if v := p.Strategy.Value; v != nil {
+		q.Strategy = *v
+	}
+	q.RateLimit = p.RateLimit.Value
 	return q, nil
+}
+
+func (f *fakeBackend) DeleteQueue(ctx context.Context, name string) error {
+	return f.record("DeleteQueue", name)
 }
 
 func (f *fakeBackend) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
@@ -159,6 +168,13 @@ func (f *fakeBackend) ListWorkers(ctx context.Context) ([]sluice.WorkerInfo, err
 		return nil, err
 	}
 	return []sluice.WorkerInfo{{ID: "w1", Name: "w1", Kinds: []string{"email"}, Slots: 10, FreeSlots: 10, StartedAt: t0, LastHeartbeatAt: t0}}, nil
+}
+
+func (f *fakeBackend) Environment(ctx context.Context) (*sluice.Environment, error) {
+	if err := f.record("Environment", nil); err != nil {
+		return nil, err
+	}
+	return &sluice.Environment{MaxRunning: 10, Running: 2, MaxActive: 100, Active: 5}, nil
 }
 
 func (f *fakeBackend) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerParams) (*sluice.WorkerRegistration, error) {
@@ -200,6 +216,29 @@ func (f *fakeBackend) Heartbeat(ctx context.Context, id string, p sluice.Heartbe
 		return nil, err
 	}
 	return &sluice.HeartbeatResult{LeaseExpiresAt: t0.Add(30 * time.Second)}, nil
+}
+
+func (f *fakeBackend) TriggerChild(ctx context.Context, workerID string, parentID int64, p sluice.ChildParams) (*sluice.ChildResult, bool, error) {
+	if err := f.record("TriggerChild", p); err != nil {
+		return nil, false, err
+	}
+	call := max(p.Call, 1)
+	if p.Workflow != "" {
+		return &sluice.ChildResult{Run: fakeRun(7), Call: call}, !f.notCreated, nil
+	}
+	return &sluice.ChildResult{Task: fakeTask(7, p.Kind), Call: call}, !f.notCreated, nil
+}
+
+func (f *fakeBackend) WaitChild(ctx context.Context, workerID string, parentID int64, p sluice.WaitChildParams) (*sluice.WaitChildResult, error) {
+	if err := f.record("WaitChild", p); err != nil {
+		return nil, err
+	}
+	if p.RunID != 0 {
+		return &sluice.WaitChildResult{Done: true, Phase: "done", Run: fakeRun(p.RunID)}, nil
+	}
+	t := fakeTask(p.TaskID, "email")
+	t.State = sluice.StateSucceeded
+	return &sluice.WaitChildResult{Done: true, Phase: "done", Task: t}, nil
 }
 
 func (f *fakeBackend) Release(ctx context.Context, id string, p sluice.ReleaseParams) error {

@@ -121,7 +121,9 @@ func FuzzDecodeQueueParams(f *testing.F) {
 	addSeeds(f, commonSeeds...)
 	addSeeds(f, `{"concurrency_limit":3}`, `{"concurrency_limit":null,"max_backlog":null}`, `{"concurrency_limit":0}`,
 		`{"max_backlog":-1}`, `{"concurrency_limit":"3"}`, `{"concurrency_limit":3.0}`, `{"concurrency_limit":2147483648}`, `{"limit":1}`,
-		`{"concurrency_limit":1,"handover":true}`, `{"handover":"on"}`, `{"handover":null}`)
+		`{"concurrency_limit":1,"handover":true}`, `{"handover":"on"}`, `{"handover":null}`,
+		`{"strategy":"cancel_newest"}`, `{"strategy":null}`, `{"strategy":""}`, `{"rate_limit":{"limit":100,"period":"1m","per_key":true}}`,
+		`{"rate_limit":null}`, `{"rate_limit":{"limit":1,"period":"999ms"}}`, `{"rate_limit":{"limit":"1","period":"1s"}}`, `{"rate_limit":[]}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fuzzBody(t, "PUT", "/v1/queues/email", body, func(arg any) error {
 			p := arg.(sluice.QueueParams)
@@ -312,6 +314,38 @@ func FuzzRunFilterQuery(f *testing.F) {
 			}
 			// The limit and the cursor follow GET /v1/tasks's rules.
 			return validate.TaskFilter(&sluice.TaskFilter{Limit: fl.Limit, After: fl.After})
+		})
+	})
+}
+
+func FuzzDecodeChild(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f,
+		`{"kind":"resize"}`,
+		`{"kind":"resize","input":{"n":1},"queue":"media","concurrency_key":"t1","priority":3,"max_attempts":2,"timeout":"1m","call":2}`,
+		`{"workflow":"ingest","version":2,"input":[1,2]}`,
+		`{"kind":"a","workflow":"b"}`, `{"workflow":"b","queue":"q"}`, `{"kind":"a","idempotency_key":"k"}`,
+		`{"kind":"a","call":-1}`, `{"kind":"a","call":1e10}`, `{"version":1,"kind":"a"}`, `{"TriggerParams":{"kind":"a"}}`,
+		`{"kind":"a","kind":"a"}`, "{\"workflow\":\"w\",\"input\":\"\xff\"}",
+	)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers/w1/tasks/5/children", body, func(arg any) error {
+			p := arg.(sluice.ChildParams)
+			return validate.Child(&p)
+		})
+	})
+}
+
+func FuzzDecodeWaitChild(f *testing.F) {
+	addSeeds(f, commonSeeds...)
+	addSeeds(f,
+		`{"task_id":7}`, `{"run_id":7,"wait":"30s"}`, `{"task_id":7,"run_id":8}`, `{"task_id":-1}`,
+		`{"task_id":7,"wait":"-1s"}`, `{"task_id":7,"wait":5}`, `{"task_id":"7"}`, `{"task_id":7,"wait":"9999999h"}`,
+	)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzBody(t, "POST", "/v1/workers/w1/tasks/5/wait", body, func(arg any) error {
+			p := arg.(sluice.WaitChildParams)
+			return validate.WaitChild(&p)
 		})
 	})
 }

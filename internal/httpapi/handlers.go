@@ -89,6 +89,18 @@ func (a *api) putQueue(w http.ResponseWriter, r *http.Request) error {
 	return respond(w, http.StatusOK)(a.b.PutQueue(r.Context(), name, p))
 }
 
+func (a *api) deleteQueue(w http.ResponseWriter, r *http.Request) error {
+	name, err := queueName(r)
+	if err != nil {
+		return err
+	}
+	if err := a.b.DeleteQueue(r.Context(), name); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
 func (a *api) pauseQueue(w http.ResponseWriter, r *http.Request) error {
 	name, err := queueName(r)
 	if err != nil {

@@ -112,6 +112,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"QueueParams":          sluice.QueueParams{},
 		"Queue":                sluice.Queue{},
 		"WorkerInfo":           sluice.WorkerInfo{},
+		"Environment":          sluice.Environment{},
 		"RegisterWorkerParams": sluice.RegisterWorkerParams{},
 		"WorkerRegistration":   sluice.WorkerRegistration{},
 		"ClaimParams":          sluice.ClaimParams{},
@@ -124,19 +125,18 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"HeartbeatParams":      sluice.HeartbeatParams{},
 		"HeartbeatResult":      sluice.HeartbeatResult{},
 		"ReleaseParams":        sluice.ReleaseParams{},
+		"ChildParams":          sluice.ChildParams{},
+		"ChildResult":          sluice.ChildResult{},
+		"WaitChildParams":      sluice.WaitChildParams{},
+		"WaitChildResult":      sluice.WaitChildResult{},
 		"Error":                sluice.Error{},
 	}
 	for name, v := range types {
 		s, ok := doc.Comps.Schemas[name]
 		require.True(t, ok, "openapi.yaml has no schema %s", name)
-		var want, got []string
+		var got []string
 		rt := reflect.TypeOf(v)
-		for i := 0; i < rt.NumField(); i++ {
-			tag, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
-			if tag != "-" && rt.Field(i).IsExported() {
-				want = append(want, tag)
-			}
-		}
+		want := jsonFields(rt)
 		for p := range s.Properties {
 			got = append(got, p)
 		}
@@ -147,4 +147,21 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 			require.Contains(t, want, r, "schema %s requires unknown property %s", name, r)
 		}
 	}
+}
+
+// jsonFields lists the JSON names of struct t's fields, those of an
+// embedded struct without a JSON name inlined (as encoding/json does).
+func jsonFields(t reflect.Type) []string {
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct:
+			out = append(out, jsonFields(f.Type)...)
+		case tag != "-" && f.IsExported():
+			out = append(out, tag)
+		}
+	}
+	return out
 }

@@ -63,7 +63,7 @@ func statusOf(code string) (status int, ok bool) {
 		return http.StatusForbidden, true
 	case sluice.CodeNotFound:
 		return http.StatusNotFound, true
-	case sluice.CodeConflict:
+	case sluice.CodeConflict, sluice.CodeConcurrencyFull, sluice.CodeRecursiveWaitDeadlock:
 		return http.StatusConflict, true
 	case sluice.CodeAdmission:
 		return http.StatusTooManyRequests, true

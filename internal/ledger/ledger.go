@@ -92,6 +92,7 @@ type Ledger struct {
 	violations []string
 	rerunOK    map[string]bool // AllowRerun
 	reruns     []Rerun
+	suspended  map[int64]bool // task id → lent (Suspend)
 }
 
 // Rerun is an attempt started again after its start on a worker given to
@@ -175,6 +176,13 @@ func (l *Ledger) finish(start Event, err error) {
 	l.events = append(l.events, ev)
 	if cur, ok := l.live[start.TaskID]; ok && cur.Seq == start.Seq {
 		delete(l.live, start.TaskID)
+	}
+	if _, ok := l.suspended[start.TaskID]; ok {
+		// It ends while it waits for a child (Suspend): it counts
+		// against nothing.
+		delete(l.suspended, start.TaskID)
+		l.finished++
+		return
 	}
 	l.sub[Sub{start.Queue, start.Key}]--
 	l.env--

@@ -79,9 +79,9 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 	// Run as TestLedger…Handover…, both limited queues hand each slot
 	// straight to a reserved successor (the Go workers take part).
 	handover := strings.Contains(t.Name(), "Handover")
-	_, err := h.b.PutQueue(ctx, qBounded, sluice.QueueParams{ConcurrencyLimit: intp(3), Handover: handover})
+	_, err := h.b.PutQueue(ctx, qBounded, sluice.QueueParams{ConcurrencyLimit: sluice.Set(3), Handover: sluice.Set(handover)})
 	require.NoError(t, err)
-	_, err = h.b.PutQueue(ctx, qKeyed, sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: handover})
+	_, err = h.b.PutQueue(ctx, qKeyed, sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Handover: sluice.Set(handover)})
 	require.NoError(t, err)
 
 	type workerSpec struct {

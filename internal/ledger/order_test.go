@@ -64,7 +64,7 @@ func TestOrderPriorityThenFIFO(t *testing.T) {
 			h := newHarness(t, server.Config{})
 			ctx := h.ctx
 			const queue = "ord"
-			_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: tc.limit})
+			_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.SetOrNull(tc.limit)})
 			require.NoError(t, err)
 			if tc.pause {
 				_, err = h.b.PauseQueue(ctx, queue)
@@ -182,7 +182,7 @@ func TestOrderKeySequential(t *testing.T) {
 	ctx := h.ctx
 	const queue = "serial"
 	handover := strings.Contains(t.Name(), "Handover")
-	_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: handover})
+	_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Handover: sluice.Set(handover)})
 	require.NoError(t, err)
 
 	l := ledger.New(ledger.Limits{Queue: map[string]int{queue: 1}})

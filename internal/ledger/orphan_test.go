@@ -70,7 +70,7 @@ func TestLostClaimAnswerIsReleased(t *testing.T) {
 			h := newHarness(t, server.Config{}) // 30s lease: no sweep in this test
 			ctx := h.ctx
 			const queue = "one-at-a-time"
-			_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: intp(1)})
+			_, err := h.b.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 			require.NoError(t, err)
 			l := ledger.New(ledger.Limits{Queue: map[string]int{queue: 1}})
 			lossy := &loseAnswer{Backend: h.b, claims: path == "claim", completes: path == "complete"}

@@ -24,7 +24,7 @@ func TestParallelKeys(t *testing.T) {
 	const keys = 100
 	h := newHarness(t, server.Config{})
 	ctx := h.ctx
-	_, err := h.b.PutQueue(ctx, "tenants", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, err := h.b.PutQueue(ctx, "tenants", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	l := ledger.New(ledger.Limits{Queue: map[string]int{"tenants": 1}, Worker: map[string]int{"w": keys}})
 

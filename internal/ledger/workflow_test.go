@@ -544,11 +544,11 @@ func TestWorkflowLedger(t *testing.T) {
 	ctx := h.ctx
 	client, _ := h.serveHTTP()
 
-	_, err := h.b.PutQueue(ctx, wqLimited, sluice.QueueParams{ConcurrencyLimit: intp(wqLimitedN)})
+	_, err := h.b.PutQueue(ctx, wqLimited, sluice.QueueParams{ConcurrencyLimit: sluice.Set(wqLimitedN)})
 	require.NoError(t, err)
 	// SLUICE_WF_LEDGER_NO_HANDOVER=1 runs the pool without handover (to
 	// look past TestWorkflowCancelWithHandoverChain while it fails).
-	_, err = h.b.PutQueue(ctx, wqPool, sluice.QueueParams{ConcurrencyLimit: intp(wqPoolN), Handover: os.Getenv("SLUICE_WF_LEDGER_NO_HANDOVER") == ""})
+	_, err = h.b.PutQueue(ctx, wqPool, sluice.QueueParams{ConcurrencyLimit: sluice.Set(wqPoolN), Handover: sluice.Set(os.Getenv("SLUICE_WF_LEDGER_NO_HANDOVER") == "")})
 	require.NoError(t, err)
 	names := make([]string, 0, len(wfDefinitions))
 	for name := range wfDefinitions {
@@ -1299,7 +1299,7 @@ func TestWorkflowCancelWithHandoverChain(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, server.Config{})
 	ctx := h.ctx
-	_, err := h.b.PutQueue(ctx, "chain", sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: true})
+	_, err := h.b.PutQueue(ctx, "chain", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Handover: sluice.Set(true)})
 	require.NoError(t, err)
 	_, err = h.b.ApplyWorkflow(ctx, []byte(`
 name: chained

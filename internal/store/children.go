@@ -103,8 +103,12 @@ func RecursiveWaitDeadlock(parentID int64, queue, key string, limit int64) error
 // ChildKey is the idempotency key under which a parent's child at a call
 // position is created, so the same call in a later attempt finds it.
 func ChildKey(parentID int64, call int) string {
-	return fmt.Sprintf("sluice-child/%d/%d", parentID, call)
+	return fmt.Sprintf(ChildKeyPrefix+"%d/%d", parentID, call)
 }
+
+// ChildKeyPrefix starts every child's idempotency key: triggers and run
+// starts may not use it.
+const ChildKeyPrefix = "sluice-child/"
 
 // CheckParentHeld checks that workerID holds the parent (running, or
 // suspended waiting for a child): the only caller that may trigger its

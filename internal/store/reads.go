@@ -150,9 +150,13 @@ func GetSubqueueStatus(ctx context.Context, r Reader, sql string, taskID int64) 
 		return nil, sluice.NotFound("task %d not found", taskID)
 	}
 	var st SubqueueStatus
-	var lim *int64
-	if err := rows.Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.Paused); err != nil {
+	var lim, rwait, rlim, rper *int64
+	var rbucket *string
+	if err := rows.Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.Paused, &rwait, &rlim, &rper, &rbucket); err != nil {
 		return nil, err
+	}
+	if rwait != nil && rlim != nil && rper != nil && rbucket != nil {
+		st.RateWait, st.RateLimit, st.RatePeriodUS, st.RateBucket = *rwait, *rlim, *rper, *rbucket
 	}
 	if lim != nil {
 		v := int(*lim)
@@ -198,8 +202,9 @@ func (h *Held) Check(p sluice.HeartbeatParams) (lost, cancel, orphans []int64) {
 // state, paused_from, attempt, max_attempts, input, output, error,
 // timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at,
 // started_at, finished_at, worker_id, cancel_requested, the worker's
-// lease_expires_at, after_id, run_id, the step's name, item and the
-// worker's name (the stores' taskCols).
+// lease_expires_at, after_id, run_id, the step's name, item, the
+// worker's name, wait_task, wait_run and whether wait_lent (the stores'
+// taskCols).
 type TaskRow struct {
 	task                                 sluice.Task
 	state                                string
@@ -209,6 +214,7 @@ type TaskRow struct {
 	deadline, started, finished, leaseAt *int64
 	after, runID, item                   *int64
 	step                                 *string
+	waitTask, waitRun                    *int64
 }
 
 // Dest is the scan destination of the row's columns.
@@ -217,7 +223,7 @@ func (x *TaskRow) Dest() []any {
 	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
 		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
 		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after,
-		&x.runID, &x.step, &x.item, &x.wName}
+		&x.runID, &x.step, &x.item, &x.wName, &x.waitTask, &x.waitRun, &t.WaitLent}
 }
 
 // Task is the task scanned, with no attempts.
@@ -236,6 +242,12 @@ func (x *TaskRow) Task() *sluice.Task {
 	task.WorkerName = deref(x.wName)
 	if x.after != nil {
 		task.After = *x.after
+	}
+	if x.waitTask != nil {
+		task.WaitTask = *x.waitTask
+	}
+	if x.waitRun != nil {
+		task.WaitRun = *x.waitRun
 	}
 	if x.runID != nil {
 		task.RunID = *x.runID
@@ -286,11 +298,14 @@ func AddRunningAttempt(task *sluice.Task) {
 // state.
 func ScanQueue(row Row) (*sluice.Queue, error) {
 	var q sluice.Queue
-	var lim, backlog *int64
+	var lim, backlog, rateLimit, ratePeriod *int64
 	var created, updated int64
-	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running, &q.Keyed); err != nil {
+	var ratePerKey bool
+	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running, &q.Keyed,
+		&q.Strategy, &rateLimit, &ratePeriod, &ratePerKey, &q.Lent); err != nil {
 		return nil, err
 	}
+	q.RateLimit = RateOf(rateLimit, ratePeriod, ratePerKey)
 	if lim != nil {
 		v := int(*lim)
 		q.ConcurrencyLimit = &v

@@ -106,6 +106,10 @@ type NewRun struct {
 	// the same Key; 0: none.
 	Limit int
 	Key   string
+	// ParentRunID and ParentStepID link a child run to the workflow step
+	// that started it (0: a run of its own). The store sets ParentStepID
+	// when it creates the step (NewStep.Child).
+	ParentRunID, ParentStepID int64
 }
 
 // RunRecord is a run as stored: the API's view plus what the workflow
@@ -134,6 +138,8 @@ type StepRecord struct {
 	Error                              string
 	CreatedAt                          time.Time
 	FinishedAt                         *time.Time
+	// ChildRun is the run a workflow step started (0: none).
+	ChildRun int64
 }
 
 // RunEvent asks the workflow layer to look at a run again: it started
@@ -174,6 +180,11 @@ type NewStep struct {
 	// Tasks in item order; their RunID, StepID and Item are set by the
 	// store.
 	Tasks []NewTask
+	// Child, for a workflow step created running, is the run it starts
+	// and waits for (it has no tasks). The store creates it in the same
+	// transaction, linked to the step, never rejected for admission; when
+	// it ends, the step ends the same way (child_runs.go).
+	Child *NewRun
 }
 
 // RunEnd is a run's end.
@@ -230,7 +241,8 @@ func ItemsOutput(outputs []json.RawMessage) json.RawMessage {
 }
 
 // RunCols are the columns a RunRow scans, in order.
-const RunCols = `id, workflow, version, state, ckey, input, output, error, idempotency_key, seq, created_at, started_at, finished_at`
+const RunCols = `id, workflow, version, state, ckey, input, output, error, idempotency_key, seq, created_at, started_at, finished_at,
+	parent_run_id, (SELECT ps.name FROM run_steps ps WHERE ps.id = runs.parent_step_id)`
 
 // RunRow scans a run (RunCols); times are unix microseconds.
 type RunRow struct {
@@ -240,13 +252,15 @@ type RunRow struct {
 	input, output     []byte
 	created           int64
 	started, finished *int64
+	parentRun         *int64
+	parentStep        *string
 }
 
 // Dest is the scan destination of RunCols.
 func (x *RunRow) Dest() []any {
 	r := &x.r
 	return []any{&r.ID, &r.Workflow, &r.Version, &x.state, &r.ConcurrencyKey, &x.input, &x.output, &r.Error, &x.idem, &r.Seq,
-		&x.created, &x.started, &x.finished}
+		&x.created, &x.started, &x.finished, &x.parentRun, &x.parentStep}
 }
 
 // Record is the run scanned, without steps.
@@ -261,11 +275,18 @@ func (x *RunRow) Record() *RunRecord {
 	r.CreatedAt = FromUS(x.created)
 	r.StartedAt = FromNullUS(x.started)
 	r.FinishedAt = FromNullUS(x.finished)
+	if x.parentRun != nil {
+		r.ParentRun = *x.parentRun
+	}
+	if x.parentStep != nil {
+		r.ParentStep = *x.parentStep
+	}
 	return &r
 }
 
 // StepCols are the columns a StepRow scans, in order.
-const StepCols = `id, name, idx, state, items, win, active, waiting, remaining, failed, continue_on_error, output, error, created_at, finished_at`
+const StepCols = `id, name, idx, state, items, win, active, waiting, remaining, failed, continue_on_error, output, error, created_at, finished_at,
+	(SELECT min(cr.id) FROM runs cr WHERE cr.parent_run_id = run_steps.run_id AND cr.parent_step_id = run_steps.id)`
 
 // StepRow scans a step (StepCols).
 type StepRow struct {
@@ -275,13 +296,14 @@ type StepRow struct {
 	output   []byte
 	created  int64
 	finished *int64
+	child    *int64
 }
 
 // Dest is the scan destination of StepCols.
 func (x *StepRow) Dest() []any {
 	s := &x.s
 	return []any{&s.ID, &s.Name, &s.Index, &x.state, &s.Items, &x.win, &s.Active, &s.Waiting, &s.Remaining, &s.Failed,
-		&s.ContinueOnError, &x.output, &s.Error, &x.created, &x.finished}
+		&s.ContinueOnError, &x.output, &s.Error, &x.created, &x.finished, &x.child}
 }
 
 // Record is the step scanned.
@@ -294,6 +316,9 @@ func (x *StepRow) Record() StepRecord {
 	s.Output = JSONOrNull(x.output)
 	s.CreatedAt = FromUS(x.created)
 	s.FinishedAt = FromNullUS(x.finished)
+	if x.child != nil {
+		s.ChildRun = *x.child
+	}
 	return s
 }
 

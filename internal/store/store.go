@@ -81,6 +81,18 @@ type Outcome struct {
 	// RunEvents: how many run events the transaction wrote (the workflow
 	// layer has runs to look at).
 	RunEvents int
+	// RateWait: a rate-limited sub-queue left the eligible set until its
+	// next chance (the scheduler's pass, PromoteDue, lets it back).
+	RateWait bool
+	// Cancelled are running tasks a strategy (cancel_in_progress)
+	// cancelled: their workers are to stop them.
+	Cancelled []CancelledTask
+}
+
+// CancelledTask is a running task cancelled by a strategy, and its worker.
+type CancelledTask struct {
+	ID       int64
+	WorkerID string
 }
 
 // Worker is a registered worker.
@@ -193,6 +205,11 @@ type SubqueueStatus struct {
 	Limit          *int
 	Running        int
 	Paused         bool
+	// RateWait: the sub-queue waits for its rate limit (RateLimit starts
+	// per RatePeriodUS, of bucket RateBucket) until then (µs; 0: it
+	// does not).
+	RateWait, RateLimit, RatePeriodUS int64
+	RateBucket                        string
 }
 
 // Shortfall is ready work no worker has room for.
@@ -214,6 +231,7 @@ type EnvStatus struct {
 // waited for a completion's transaction never records a start before that
 // completion's finish).
 type Store interface {
+	// ChildStore: child tasks and waits (children.go).
 	ChildStore
 	// SetClock replaces the clock (time.Now by default); the engine passes
 	// its own so tests control time. Call it before any other method.
@@ -257,6 +275,10 @@ type Store interface {
 
 	PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, Outcome, error)
 	GetQueue(ctx context.Context, name string) (*sluice.Queue, error)
+	// DeleteQueue deletes a queue that holds no unfinished task (a
+	// conflict error otherwise, naming how many; not found if there is
+	// no such queue). Its finished tasks stay.
+	DeleteQueue(ctx context.Context, name string) (Outcome, error)
 	ListQueues(ctx context.Context) ([]sluice.Queue, error)
 	// SetQueuePaused pauses (ready and queued tasks become paused, ready
 	// ones give back their slots) or resumes (paused tasks return to

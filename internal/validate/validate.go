@@ -175,10 +175,39 @@ func TriggerBatch(p *sluice.TriggerBatchParams) error {
 // QueueParams checks the body of PUT /v1/queues/{name}: each limit is null
 // (unbounded) or ≥ 1.
 func QueueParams(p *sluice.QueueParams) error {
-	if err := limit("concurrency_limit", p.ConcurrencyLimit); err != nil {
+	if err := limit("concurrency_limit", p.ConcurrencyLimit.Value); err != nil {
 		return err
 	}
-	return limit("max_backlog", p.MaxBacklog)
+	if err := limit("max_backlog", p.MaxBacklog.Value); err != nil {
+		return err
+	}
+	if v := p.Strategy.Value; v != nil && (*v == "" || !v.Valid()) {
+		return sluice.Invalid("strategy", "unknown strategy %s: want queue, cancel_newest or cancel_in_progress (or null for queue)", quote(string(*v)))
+	}
+	if r := p.RateLimit.Value; r != nil {
+		return RateLimit("rate_limit", *r)
+	}
+	return nil
+}
+
+// MaxRatePeriod bounds a rate limit's period, MaxRateLimit its starts
+// per period (the refill reads up to that many recorded starts of a
+// bucket that has run out).
+const (
+	MaxRatePeriod = 7 * 24 * time.Hour
+	MaxRateLimit  = 100_000
+)
+
+// RateLimit checks a rate limit: 1 to MaxRateLimit starts per period of
+// 1s to MaxRatePeriod.
+func RateLimit(field string, r sluice.RateLimit) error {
+	if r.Limit < 1 || r.Limit > MaxRateLimit {
+		return sluice.Invalid(field+".limit", "must be 1 to %d", MaxRateLimit)
+	}
+	if d := r.Period.D(); d < time.Second || d > MaxRatePeriod {
+		return sluice.Invalid(field+".period", "must be ≥ 1s and at most %s", MaxRatePeriod)
+	}
+	return nil
 }
 
 func limit(field string, v *int) error {

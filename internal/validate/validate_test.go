@@ -96,11 +96,11 @@ func TestTrigger(t *testing.T) {
 func TestQueueParams(t *testing.T) {
 	t.Parallel()
 	check(t, validate.QueueParams(&sluice.QueueParams{}), "", "")
-	check(t, validate.QueueParams(&sluice.QueueParams{ConcurrencyLimit: ptr(1), MaxBacklog: ptr(math.MaxInt32)}), "", "")
-	check(t, validate.QueueParams(&sluice.QueueParams{ConcurrencyLimit: ptr(0)}), "concurrency_limit", "must be ≥ 1 or null")
-	check(t, validate.QueueParams(&sluice.QueueParams{ConcurrencyLimit: ptr(-1)}), "concurrency_limit", "must be ≥ 1 or null")
-	check(t, validate.QueueParams(&sluice.QueueParams{MaxBacklog: ptr(0)}), "max_backlog", "must be ≥ 1 or null")
-	check(t, validate.QueueParams(&sluice.QueueParams{MaxBacklog: ptr(math.MaxInt32 + 1)}), "max_backlog", "at most")
+	check(t, validate.QueueParams(&sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), MaxBacklog: sluice.Set(math.MaxInt32)}), "", "")
+	check(t, validate.QueueParams(&sluice.QueueParams{ConcurrencyLimit: sluice.Set(0)}), "concurrency_limit", "must be ≥ 1 or null")
+	check(t, validate.QueueParams(&sluice.QueueParams{ConcurrencyLimit: sluice.Set(-1)}), "concurrency_limit", "must be ≥ 1 or null")
+	check(t, validate.QueueParams(&sluice.QueueParams{MaxBacklog: sluice.Set(0)}), "max_backlog", "must be ≥ 1 or null")
+	check(t, validate.QueueParams(&sluice.QueueParams{MaxBacklog: sluice.Set(math.MaxInt32 + 1)}), "max_backlog", "at most")
 }
 
 func TestTaskFilter(t *testing.T) {

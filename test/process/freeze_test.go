@@ -191,10 +191,10 @@ func TestFrozenWorkers(t *testing.T) {
 	)
 	ctx := t.Context()
 	srv := startSQLiteServer(t, "--lease", lease.String(), "--sweep-interval", "200ms")
-	_, err := srv.c.PutQueue(ctx, "q10", sluice.QueueParams{ConcurrencyLimit: intp(q10Limit)})
+	_, err := srv.c.PutQueue(ctx, "q10", sluice.QueueParams{ConcurrencyLimit: sluice.Set(q10Limit)})
 	require.NoError(f, err)
 	// Handover on one queue, off on the other: both paths of a claim.
-	_, err = srv.c.PutQueue(ctx, "qk", sluice.QueueParams{ConcurrencyLimit: intp(qkLimit), Handover: true})
+	_, err = srv.c.PutQueue(ctx, "qk", sluice.QueueParams{ConcurrencyLimit: sluice.Set(qkLimit), Handover: sluice.Set(true)})
 	require.NoError(f, err)
 
 	names := []string{"w1", "w2", "w3"}
@@ -394,7 +394,7 @@ func TestKillWorkerReservedSuccessors(t *testing.T) {
 	f := recordFailures(t)
 	ctx := t.Context()
 	srv := startSQLiteServer(t, "--lease", "2s", "--sweep-interval", "100ms")
-	_, err := srv.c.PutQueue(ctx, "one", sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: true})
+	_, err := srv.c.PutQueue(ctx, "one", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Handover: sluice.Set(true)})
 	require.NoError(f, err)
 	w1 := start(t, "w1", "worker", "--server", srv.url, "--token", srv.worker, "--slots", "1", "--kinds", "sleep", "--name", "w1")
 	poll(f, 30*time.Second, 20*time.Millisecond, "w1 to register", func() bool {

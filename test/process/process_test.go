@@ -303,7 +303,7 @@ func TestKillWorker(t *testing.T) {
 		return ids["w1"] != "" && ids["w2"] != ""
 	})
 
-	_, err := c.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: func() *int { v := limit; return &v }()})
+	_, err := c.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit)})
 	require.NoError(t, err)
 
 	// Sample the queue's slot count while the tasks run.

@@ -115,9 +115,9 @@ func TestPostgresReplicas(t *testing.T) {
 	c := rc.client(1)
 	lim, one := limited, 1
 	handover := strings.Contains(t.Name(), "Handover")
-	_, err := c.PutQueue(ctx, "limited", sluice.QueueParams{ConcurrencyLimit: &lim, Handover: handover})
+	_, err := c.PutQueue(ctx, "limited", sluice.QueueParams{ConcurrencyLimit: sluice.Set(lim), Handover: sluice.Set(handover)})
 	require.NoError(rt, err)
-	_, err = c.PutQueue(ctx, "keyed", sluice.QueueParams{ConcurrencyLimit: &one, Handover: handover})
+	_, err = c.PutQueue(ctx, "keyed", sluice.QueueParams{ConcurrencyLimit: sluice.Set(one), Handover: sluice.Set(handover)})
 	require.NoError(rt, err)
 
 	// Each worker lists every replica, starting with a different one.

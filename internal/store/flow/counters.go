@@ -89,13 +89,15 @@ type Subqueue struct {
 	limit                      *int64
 	paused                     bool
 	running, queued, rr, vtime int64
+	rate                       rateCols // rate.go
 	dirty                      bool
 }
 
 // Dest is the scan destination of the columns id, queue, ckey, lim,
-// paused, running, queued, rr, vtime.
+// paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait.
 func (q *Subqueue) Dest() []any {
-	return []any{&q.id, &q.queue, &q.key, &q.limit, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime}
+	return []any{&q.id, &q.queue, &q.key, &q.limit, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime,
+		&q.rate.bucket, &q.rate.limit, &q.rate.periodUS, &q.rate.waitUntil}
 }
 
 // ID is the sub-queue's id.
@@ -131,9 +133,12 @@ func (q *Subqueue) VTime() int64 { return q.vtime }
 func (q *Subqueue) HasRoom() bool { return q.limit == nil || q.running < *q.limit }
 
 // Eligible reports whether the refill may promote from the sub-queue:
-// tasks waiting, room under its limit, not paused. The stores' partial
-// index subqueues_eligible has the same predicate.
-func (q *Subqueue) Eligible() bool { return q.queued > 0 && !q.paused && q.HasRoom() }
+// tasks waiting, room under its limit, not paused, not waiting for its
+// rate limit (rate.go). The stores' partial index subqueues_eligible has
+// the same predicate.
+func (q *Subqueue) Eligible() bool {
+	return q.queued > 0 && !q.paused && q.HasRoom() && q.rate.waitUntil == nil
+}
 
 // Reservable reports whether a successor may be reserved from the
 // sub-queue behind a task just handed out (store.Handover): it is
@@ -152,13 +157,14 @@ type Queue struct {
 	limit, maxBacklog *int64
 	paused, handover  bool
 	active            int64
+	strategy          string // strategy.go
 	dirty             bool
 }
 
 // Dest is the scan destination of the columns name, concurrency_limit,
-// max_backlog, paused, handover, active.
+// max_backlog, paused, handover, active, strategy.
 func (q *Queue) Dest() []any {
-	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active}
+	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active, &q.strategy}
 }
 
 // Name is the queue's name.
@@ -308,7 +314,13 @@ func (c *Counters) Dirty() (env *Env, sqs []*Subqueue, qs []*Queue) {
 // round-robin one task a turn. It returns how many tasks the store moves
 // from queued to ready, with which rank.
 func (c *Counters) Promote(sq *Subqueue) (n, rank int64, err error) {
-	n = min(sq.queued, FillBatch)
+	return c.PromoteUpTo(sq, FillBatch)
+}
+
+// PromoteUpTo is Promote taking at most most tasks (a rate limit's
+// allowance, rate.go).
+func (c *Counters) PromoteUpTo(sq *Subqueue, most int64) (n, rank int64, err error) {
+	n = min(sq.queued, FillBatch, most)
 	if sq.limit != nil {
 		n = min(n, *sq.limit-sq.running)
 	}
@@ -328,7 +340,9 @@ func (c *Counters) Enter(sq *Subqueue, q *Queue, scheduled bool) (sluice.TaskSta
 	switch {
 	case scheduled:
 		to = sluice.StateScheduled
-	case !q.paused && sq.queued == 0 && sq.HasRoom() && c.Env.HasRoom():
+	case !q.paused && sq.queued == 0 && sq.HasRoom() && c.Env.HasRoom() && !sq.Rated():
+		// A rate-limited sub-queue's tasks wait for the refill, which
+		// takes their starts from the rate's allowance (rate.go).
 		to = sluice.StateReady
 	default:
 		to = q.WaitState()

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/jackc/pgx/v5"
@@ -24,10 +25,10 @@ import (
 // statement.
 
 // sqCols are a sub-queue's columns, table alias s (flow.Subqueue.Dest).
-const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime`
+const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime, s.rbucket, s.rlim, s.rper, s.rwait`
 
 // qCols are a queue's columns, table alias q (flow.Queue.Dest).
-const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active`
+const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active, q.strategy`
 
 // subqueue returns the sub-queue by id.
 func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {
@@ -92,7 +93,7 @@ func (t *txn) flush() {
 }
 
 const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
-	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) ORDER BY s.rr LIMIT $1`
+	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL ORDER BY s.rr LIMIT $1`
 
 // fill promotes queued tasks into free slots until no sub-queue that has
 // room has waiting tasks, or the environment is full. Sub-queues are served
@@ -130,7 +131,7 @@ func (t *txn) queueEligible() *eligibleRead {
 
 // eligibleExceptSQL is eligibleSQL leaving out the sub-queues $2.
 const eligibleExceptSQL = `SELECT ` + sqCols + ` FROM subqueues s
-	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.id <> ALL($2::bigint[]) ORDER BY s.rr LIMIT $1`
+	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND s.id <> ALL($2::bigint[]) ORDER BY s.rr LIMIT $1`
 
 // queueEligibleExcept is queueEligible leaving out the sub-queues held
 // (those this transaction holds, whose rows it has not written yet).
@@ -234,6 +235,9 @@ type promotion struct{ sq, n, rank, off int64 }
 // as many tasks as its limit allows, one while the environment limit
 // binds (flow.Counters.Promote). queuePromote moves the tasks.
 func (t *txn) promote(sq *flow.Subqueue) (promotion, error) {
+	if sq.Rated() {
+		return promotion{}, t.promoteRated(sq)
+	}
 	n, rank, err := t.Promote(sq)
 	if err != nil {
 		return promotion{}, fmt.Errorf("refill: %w", err)
@@ -276,6 +280,9 @@ func promotionArgs(ps []promotion) []any {
 // defers promotions (a completion whose claim follows), it only records
 // them: claimer.claim writes them with the claim, in one statement.
 func (t *txn) queuePromote(ps []promotion) {
+	// A rate-limited sub-queue's promotions were written at once
+	// (rate.go): they leave an empty promotion here.
+	ps = slices.DeleteFunc(ps, func(p promotion) bool { return p.n == 0 })
 	if len(ps) == 0 {
 		return
 	}

@@ -66,7 +66,7 @@ func (h *hx) trips(fn func()) int64 {
 
 func (h *hx) queue(name string, limit int, handover bool) {
 	h.t.Helper()
-	_, _, err := h.st.PutQueue(h.ctx, name, sluice.QueueParams{ConcurrencyLimit: &limit, Handover: handover})
+	_, _, err := h.st.PutQueue(h.ctx, name, sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit), Handover: sluice.Set(handover)})
 	require.NoError(h.t, err)
 }
 
@@ -272,7 +272,7 @@ func TestPostgresHandoverAcrossReplicas(t *testing.T) {
 	migrateAtOnce(t, a, b)
 	ctx := context.Background()
 	lim := 1
-	_, _, err := a.PutQueue(ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &lim, Handover: true})
+	_, _, err := a.PutQueue(ctx, "hq", sluice.QueueParams{ConcurrencyLimit: sluice.Set(lim), Handover: sluice.Set(true)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 4 {

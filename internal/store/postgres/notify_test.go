@@ -80,7 +80,7 @@ func TestPostgresListen(t *testing.T) {
 	require.Never(t, func() bool { return signals.Load() > 2 }, 200*time.Millisecond, time.Millisecond)
 
 	// A completion that refills a slot wakes it too.
-	_, _, err = a.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err = a.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	_, _, err = a.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "q", Queue: "q", MaxAttempts: 1}, {Kind: "q", Queue: "q", MaxAttempts: 1}})
 	require.NoError(t, err)

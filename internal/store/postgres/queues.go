@@ -18,12 +18,29 @@ import (
 // the sub-queue is below it.
 func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, store.Outcome, error) {
 	o, err := s.write(ctx, func(t *txn) error {
-		t.exec("writing queue", `INSERT INTO queues (name, concurrency_limit, max_backlog, handover, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)
+		// A partial update: read the settings (a new queue's are the
+		// defaults), change those sent, write them all.
+		var set store.QueueSettings
+		if _, err := t.queryRow("reading queue", `SELECT `+store.QueueSettingsCols+` FROM queues WHERE name = $1`, []any{name}, set.Dest()...); err != nil {
+			return err
+		}
+		if err := set.Apply(p); err != nil {
+			return err
+		}
+		t.exec("writing queue", `INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
 			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
-				handover = excluded.handover, updated_at = excluded.updated_at`,
-			name, store.Int64Ptr(p.ConcurrencyLimit), store.Int64Ptr(p.MaxBacklog), p.Handover, t.now)
-		t.exec("writing queue", `UPDATE subqueues SET lim = $1 WHERE queue = $2`, store.Int64Ptr(p.ConcurrencyLimit), name)
-		if !p.Handover {
+				handover = excluded.handover, strategy = excluded.strategy, rate_limit = excluded.rate_limit,
+				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, updated_at = excluded.updated_at`,
+			append(append([]any{name}, set.Args()...), t.now)...)
+		// The limit and the rate limit go to the sub-queues; a waiting
+		// sub-queue looks again at the refill, and the queue's ready
+		// tasks count against a new rate limit from now on.
+		t.exec("writing sub-queues", `UPDATE subqueues s SET lim = q.concurrency_limit,
+				rbucket = CASE WHEN q.rate_limit IS NULL THEN NULL WHEN q.rate_per_key THEN q.name || ' ' || s.ckey ELSE q.name END,
+				rlim = q.rate_limit, rper = q.rate_period_us, rwait = NULL
+			FROM queues q WHERE q.name = s.queue AND s.queue = $1`, name)
+		t.exec("writing queue", `UPDATE tasks SET rated = $2 WHERE queue = $1 AND state = 'ready'`, name, set.RateLimit != nil)
+		if !set.Handover {
 			// Handover off: reserved tasks return to the wait list (a
 			// successor already started at this instant is answered
 			// "lost" and stopped by its worker).
@@ -43,9 +60,30 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 	return q, o, err
 }
 
+// DeleteQueue deletes a queue with no unfinished task; see store.Store.
+func (s *Store) DeleteQueue(ctx context.Context, name string) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		q, err := t.queue(name, false)
+		if err != nil {
+			return err
+		}
+		if err := store.CheckDeletable(q); err != nil {
+			return err
+		}
+		t.exec("deleting queue", `DELETE FROM queues WHERE name = $1`, name)
+		// Its sub-queues stay (finished tasks name them), back to the
+		// defaults a queue created anew starts with.
+		t.exec("deleting queue", `UPDATE subqueues SET lim = NULL, paused = false, rbucket = NULL, rlim = NULL, rper = NULL, rwait = NULL WHERE queue = $1`, name)
+		t.exec("deleting queue", `DELETE FROM rate_starts WHERE bucket = $1 OR bucket LIKE $2`, name, name+" %")
+		return nil
+	})
+}
+
 const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name),
-	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> '')`
+	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> ''),
+	strategy, rate_limit, rate_period_us, rate_per_key,
+	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name)`
 
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
@@ -147,7 +185,7 @@ func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
 // SubqueueStatus returns the sub-queue of a task.
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
 	return store.GetSubqueueStatus(ctx, s.reader(),
-		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = $1`, taskID)
+		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = $1`, taskID)
 }
 
 // CheckCounters recomputes the counters from the tasks; see store.Store.
@@ -166,6 +204,7 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') OR state = 'suspended' AND wait_lent = 0
 				GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},
+		// Slots lent to suspended parents (children.go).
 		{"sub-queue lent", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.lent AS have, coalesce(c.n, 0) AS n
 			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'suspended' AND wait_lent = 1 GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},
@@ -193,7 +232,14 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		// No idle capacity (S-FC2): with room in the environment, no
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0::bigint FROM subqueues s, env e
-			WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND (e.max_running = 0 OR e.running < e.max_running)`},
+			WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND (e.max_running = 0 OR e.running < e.max_running)`},
+		// Rate limits (rate.go): a ready task of a rate-limited
+		// sub-queue was made ready on its bucket's allowance, and a
+		// bucket never has more such tasks than its limit.
+		{"ready without rate allowance", `SELECT 'task ' || t.id, 0::bigint, 1::bigint FROM tasks t JOIN subqueues s ON s.id = t.sq
+			WHERE t.state = 'ready' AND s.rbucket IS NOT NULL AND NOT t.rated`},
+		{"rate pending over limit", `SELECT s.rbucket, count(*), max(s.rlim) FROM tasks t JOIN subqueues s ON s.id = t.sq
+			WHERE t.state = 'ready' AND t.rated AND s.rbucket IS NOT NULL GROUP BY s.rbucket HAVING count(*) > max(s.rlim)`},
 		// Run steps (windows.go): their counters, their windows never
 		// exceeded, and no idle window while items wait.
 		{"step remaining", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.remaining AS have, coalesce(c.n, 0) AS n

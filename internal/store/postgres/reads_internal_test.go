@@ -98,7 +98,7 @@ func TestPostgresHandoverReadsScale(t *testing.T) {
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)
 	limit := n
-	_, _, err = st.PutQueue(ctx, "hq", sluice.QueueParams{ConcurrencyLimit: &limit, Handover: true})
+	_, _, err = st.PutQueue(ctx, "hq", sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit), Handover: sluice.Set(true)})
 	require.NoError(t, err)
 	nts := make([]store.NewTask, 4*n)
 	for i := range nts {

@@ -132,8 +132,9 @@ func pauseRunsSQL(where string) string {
 }
 
 var (
-	pauseRunSQL      = pauseRunsSQL(`id = $1`)
-	pauseWorkflowSQL = pauseRunsSQL(`workflow = $1`)
+	// A run pauses with its child runs (child_runs.go).
+	pauseRunSQL      = pauseRunsSQL(pauseRunTreeSQL)
+	pauseWorkflowSQL = pauseRunsSQL(pauseWorkflowTreeSQL)
 )
 
 // pauseRuns runs a pause statement (pauseRunsSQL) with the batch pending
@@ -314,11 +315,17 @@ func (t *txn) resumeRuns(workflow string, wfPaused bool, rows []runRow, active m
 			t.useStep(st)
 			return nil
 		})
+	// Their paused child runs (workflow steps) resume with them, read
+	// in the same round trip (child_runs.go).
+	children := t.queuePausedChildRuns(resumed)
 	// The workflow layer looks again: a decision taken while paused
 	// created its tasks paused, and they run now; this event is for
 	// anything it could not see.
 	t.runEvents(resumed, "resume")
-	return t.send()
+	if err := t.send(); err != nil {
+		return err
+	}
+	return t.resumeChildRuns(*children)
 }
 
 // SetWorkflowPaused pauses or resumes a workflow; see store.RunStore.

@@ -91,11 +91,13 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 	// The run is queued, whatever its limit, while its workflow is
 	// paused: the statement that inserts it looks.
 	var got string
-	_, err = t.queryRow("inserting run", `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at)
-		SELECT $1, $2, v.state, $4, $5, $6, $7, $8, CASE WHEN v.state = 'running' THEN $8::bigint END
+	_, err = t.queryRow("inserting run", `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at,
+			parent_run_id, parent_step_id)
+		SELECT $1, $2, v.state, $4, $5, $6, $7, $8, CASE WHEN v.state = 'running' THEN $8::bigint END, $9, $10
 		FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_pauses WHERE name = $1) THEN 'queued' ELSE $3::text END AS state) v
 		RETURNING id, state`,
-		[]any{r.Workflow, r.Version, string(state), []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now}, &id, &got)
+		[]any{r.Workflow, r.Version, string(state), []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now,
+			nullID(r.ParentRunID), nullID(r.ParentStepID)}, &id, &got)
 	if err != nil {
 		return 0, false, err
 	}
@@ -279,7 +281,7 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep, paused bool) error
 	if err := t.insert(tasks, fresh, nil); err != nil {
 		return fmt.Errorf("run %d: %w", runID, err)
 	}
-	return nil
+	return t.createChildRuns(runID, steps, ids, paused)
 }
 
 // endRun ends a run: a run that did not succeed has its unfinished tasks
@@ -287,8 +289,15 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep, paused bool) error
 // concurrency (a paused one: if it was running when paused) gives it to
 // the next queued run of its key, or frees it if the workflow is paused.
 func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error {
+	var children *[]childRun
 	if end.State != sluice.RunSucceeded {
+		// Its unfinished child runs are read with its tasks' end (one
+		// round trip), and cancelled after it.
+		children = t.queueChildRuns(runID, unfinishedRunStates)
 		if err := t.endRunTasks(runID); err != nil {
+			return err
+		}
+		if err := t.cancelChildRuns(runID, end.State, *children); err != nil {
 			return err
 		}
 	}
@@ -302,11 +311,12 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 		next          int64
 		pausedFrom    *string
 		wfPaused      bool
+		parentStep    *int64
 	)
 	t.queueQuery("ending run", `UPDATE runs SET state = $1, output = $2, error = $3, finished_at = $4 WHERE id = $5
-		RETURNING workflow, ckey, climit, paused_from, EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = runs.workflow)`,
+		RETURNING workflow, ckey, climit, paused_from, EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = runs.workflow), parent_step_id`,
 		[]any{string(end.State), out, end.Error, t.now, runID}, func(rows pgx.Rows) error {
-			return rows.Scan(&workflow, &key, &limit, &pausedFrom, &wfPaused)
+			return rows.Scan(&workflow, &key, &limit, &pausedFrom, &wfPaused, &parentStep)
 		})
 	// The next queued run of its key, read in the same round trip (used
 	// only if the run held a place).
@@ -316,6 +326,11 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 		return err
 	}
 	t.setRunPaused(runID, false)
+	if parentStep != nil {
+		if err := t.childRunEnded(runID, *parentStep, workflow, end); err != nil {
+			return err
+		}
+	}
 	if from == sluice.RunPaused && pausedFrom != nil {
 		from = sluice.RunState(*pausedFrom)
 	}

@@ -20,8 +20,12 @@ import (
 func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, store.Outcome, error) {
 	var n int
 	var next time.Time
+	var rateNext int64
 	o, err := s.write(ctx, func(t *txn) error {
-		n, next = 0, time.Time{}
+		n, next, rateNext = 0, time.Time{}, 0
+		// Sub-queues whose rate limit allows a start again (rate.go),
+		// before any sub-queue is read.
+		t.rateDue()
 		var ids []int64
 		var states []string
 		var paused []*string
@@ -64,8 +68,11 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 			}
 			return nil
 		})
-		return nil
+		return t.rateNext(&rateNext)
 	})
+	if rateNext > 0 && (next.IsZero() || store.FromUS(rateNext).Before(next)) {
+		next = store.FromUS(rateNext)
+	}
 	return n, next, o, err
 }
 

@@ -147,8 +147,8 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 		})
 	}
 	if len(sqQueues) > 0 {
-		t.exec("creating sub-queues", `INSERT INTO subqueues (queue, ckey, lim, paused)
-			SELECT v.queue, v.ckey, q.concurrency_limit, q.paused FROM unnest($1::text[], $2::text[]) AS v(queue, ckey), queues q
+		t.exec("creating sub-queues", `INSERT INTO subqueues (queue, ckey, lim, paused, rbucket, rlim, rper)
+			SELECT v.queue, v.ckey, q.concurrency_limit, q.paused, `+rateColsSQL+` FROM unnest($1::text[], $2::text[]) AS v(queue, ckey), queues q
 			WHERE q.name = v.queue ON CONFLICT (queue, ckey) DO NOTHING`, sqQueues, sqKeys)
 		t.queueQuery("reading sub-queues", `SELECT `+sqCols+` FROM subqueues s JOIN unnest($1::text[], $2::text[]) AS v(queue, ckey)
 			ON s.queue = v.queue AND s.ckey = v.ckey`, []any{sqQueues, sqKeys}, func(rows pgx.Rows) error {
@@ -224,6 +224,13 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			rank  int64
 			err   error
 		)
+		if nt.Run == nil {
+			// The queue's strategy (strategy.go); a workflow's steps are
+			// internal work, which waits.
+			if err := t.strategy(sq, q, runAt > t.now, t.ids[j]); err != nil {
+				return err
+			}
+		}
 		switch {
 		case nt.Run != nil && nt.Run.Waiting:
 			state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
@@ -293,9 +300,9 @@ const insertRunSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, st
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent = 1`
 
-const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
+const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved', 'suspended')`
 
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

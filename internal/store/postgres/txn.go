@@ -46,6 +46,11 @@ type txn struct {
 	steps       map[int64]*flow.Step
 	events      int
 	settledEnds int
+	// rateWait: a rate-limited sub-queue waits for its next chance;
+	// cancelled: running tasks a strategy cancelled (rate.go,
+	// strategy.go; both go into the Outcome).
+	rateWait  bool
+	cancelled []store.CancelledTask
 	// paused caches whether runs are paused (run_pause.go).
 	paused map[int64]bool
 }
@@ -214,6 +219,7 @@ func settled(fn func(t *txn) error, o *store.Outcome) func(t *txn) error {
 		}
 		o.Readied = t.Readied()
 		o.RunEvents = t.events
+		o.RateWait, o.Cancelled = t.rateWait, t.cancelled
 		return nil
 	}
 }

@@ -13,7 +13,7 @@ import (
 // its transition table), their reads and writes, and the refill that
 // promotes queued tasks to ready.
 
-const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime`
+const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait`
 
 // subqueue returns the sub-queue by id.
 func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {
@@ -38,7 +38,7 @@ func (t *txn) queue(name string, create bool) (*flow.Queue, error) {
 		}
 	}
 	q := &flow.Queue{}
-	err := t.tx.QueryRowContext(t.ctx, `SELECT name, concurrency_limit, max_backlog, paused, handover, active FROM queues WHERE name = ?`, name).
+	err := t.tx.QueryRowContext(t.ctx, `SELECT name, concurrency_limit, max_backlog, paused, handover, active, strategy FROM queues WHERE name = ?`, name).
 		Scan(q.Dest()...)
 	if err == sql.ErrNoRows {
 		return nil, sluice.NotFound("queue %q not found", name)
@@ -57,9 +57,11 @@ func (t *txn) subqueueFor(q *flow.Queue, key string) (*flow.Subqueue, error) {
 	s := &flow.Subqueue{}
 	err := t.tx.QueryRowContext(t.ctx, `SELECT `+sqCols+` FROM subqueues WHERE queue = ? AND ckey = ?`, q.Name(), key).Scan(s.Dest()...)
 	if err == sql.ErrNoRows {
+		// The queue's rate limit comes with it (rate.go: rateColsSQL).
 		err = t.tx.QueryRowContext(t.ctx,
-			`INSERT INTO subqueues (queue, ckey, lim, paused) VALUES (?, ?, ?, ?) RETURNING `+sqCols,
-			q.Name(), key, q.Limit(), q.Paused()).Scan(s.Dest()...)
+			`INSERT INTO subqueues (queue, ckey, lim, paused, rbucket, rlim, rper) SELECT ?, ?, ?, ?, `+rateColsSQL+` FROM queues q WHERE q.name = ?
+			RETURNING `+sqCols,
+			q.Name(), key, q.Limit(), q.Paused(), key, q.Name()).Scan(s.Dest()...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sub-queue %q/%q: %w", q.Name(), key, err)
@@ -105,7 +107,7 @@ func (t *txn) fill() error {
 	for t.Env.HasRoom() {
 		batch = batch[:0]
 		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+sqCols+` FROM subqueues
-			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) ORDER BY rr LIMIT ?`, flow.FillScan)
+			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) AND rwait IS NULL ORDER BY rr LIMIT ?`, flow.FillScan)
 		if err != nil {
 			return fmt.Errorf("refill: %w", err)
 		}
@@ -145,12 +147,16 @@ func (t *txn) fill() error {
 // as many tasks as its limit allows, one while the environment limit
 // binds (flow.Counters.Promote).
 func (t *txn) promote(sq *flow.Subqueue) error {
-	n, rank, err := t.Promote(sq)
+	most, err := t.rateAllowance(sq)
+	if err != nil || most == 0 {
+		return err
+	}
+	n, rank, err := t.PromoteUpTo(sq, most)
 	if err != nil {
 		return fmt.Errorf("refill: %w", err)
 	}
-	res, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ? WHERE id IN (
-		SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?)`, rank, sq.ID(), n)
+	res, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ?, rated = ? WHERE id IN (
+		SELECT id FROM tasks WHERE sq = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?)`, rank, sq.Rated(), sq.ID(), n)
 	if err != nil {
 		return fmt.Errorf("refill: promoting: %w", err)
 	}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/sluice-dev/sluice"
@@ -20,16 +21,27 @@ import (
 // the sub-queue is below it.
 func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams) (*sluice.Queue, store.Outcome, error) {
 	o, err := s.write(ctx, func(t *txn) error {
-		if _, err := t.exec(`INSERT INTO queues (name, concurrency_limit, max_backlog, handover, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)
-			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
-				handover = excluded.handover, updated_at = excluded.updated_at`,
-			name, store.Int64Ptr(p.ConcurrencyLimit), store.Int64Ptr(p.MaxBacklog), p.Handover, t.now, t.now); err != nil {
-			return fmt.Errorf("writing queue: %w", err)
+		// A partial update: read the settings (a new queue's are the
+		// defaults), change those sent, write them all.
+		var set store.QueueSettings
+		err := t.tx.QueryRowContext(ctx, `SELECT `+store.QueueSettingsCols+` FROM queues WHERE name = ?`, name).Scan(set.Dest()...)
+		if err != nil && err != sql.ErrNoRows {
+			return fmt.Errorf("reading queue: %w", err)
 		}
-		if _, err := t.exec(`UPDATE subqueues SET lim = ? WHERE queue = ?`, store.Int64Ptr(p.ConcurrencyLimit), name); err != nil {
+		if err := set.Apply(p); err != nil {
 			return err
 		}
-		if !p.Handover {
+		if _, err := t.exec(`INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
+				handover = excluded.handover, strategy = excluded.strategy, rate_limit = excluded.rate_limit,
+				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, updated_at = excluded.updated_at`,
+			append(append([]any{name}, set.Args()...), t.now, t.now)...); err != nil {
+			return fmt.Errorf("writing queue: %w", err)
+		}
+		if err := t.setSubqueues(name); err != nil {
+			return err
+		}
+		if !set.Handover {
 			// Handover off: reserved tasks return to the wait list (a
 			// successor already started at this instant is answered
 			// "lost" and stopped by its worker).
@@ -44,9 +56,49 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 	return q, o, err
 }
 
+// setSubqueues copies the queue's limit and rate limit to its
+// sub-queues. A new rate limit takes effect at the refill (a sub-queue
+// waiting for its rate looks again), and the queue's ready tasks count
+// against it from now on.
+func (t *txn) setSubqueues(name string) error {
+	if _, err := t.exec(`UPDATE subqueues SET lim = q.concurrency_limit,
+			rbucket = CASE WHEN q.rate_limit IS NULL THEN NULL WHEN q.rate_per_key THEN q.name || ' ' || subqueues.ckey ELSE q.name END,
+			rlim = q.rate_limit, rper = q.rate_period_us, rwait = NULL
+		FROM queues q WHERE q.name = subqueues.queue AND subqueues.queue = ?`, name); err != nil {
+		return fmt.Errorf("writing sub-queues: %w", err)
+	}
+	_, err := t.exec(`UPDATE tasks SET rated = (SELECT rate_limit IS NOT NULL FROM queues WHERE name = ?) WHERE queue = ? AND state = 'ready'`, name, name)
+	return err
+}
+
+// DeleteQueue deletes a queue with no unfinished task; see store.Store.
+func (s *Store) DeleteQueue(ctx context.Context, name string) (store.Outcome, error) {
+	return s.write(ctx, func(t *txn) error {
+		q, err := t.queue(name, false)
+		if err != nil {
+			return err
+		}
+		if err := store.CheckDeletable(q); err != nil {
+			return err
+		}
+		if _, err := t.exec(`DELETE FROM queues WHERE name = ?`, name); err != nil {
+			return fmt.Errorf("deleting queue: %w", err)
+		}
+		// Its sub-queues stay (finished tasks name them), back to the
+		// defaults a queue created anew starts with.
+		if _, err := t.exec(`UPDATE subqueues SET lim = NULL, paused = 0, rbucket = NULL, rlim = NULL, rper = NULL, rwait = NULL WHERE queue = ?`, name); err != nil {
+			return fmt.Errorf("deleting queue: %w", err)
+		}
+		_, err = t.exec(`DELETE FROM rate_starts WHERE bucket = ? OR bucket LIKE ?`, name, name+" %")
+		return err
+	})
+}
+
 const queueCols = `name, concurrency_limit, max_backlog, paused, handover, active, created_at, updated_at,
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name),
-	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> '')`
+	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> ''),
+	strategy, rate_limit, rate_period_us, rate_per_key,
+	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name)`
 
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
@@ -161,7 +213,7 @@ func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
 // SubqueueStatus returns the sub-queue of a task.
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
 	return store.GetSubqueueStatus(ctx, s.reader(),
-		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ?`, taskID)
+		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ?`, taskID)
 }
 
 // CheckCounters recomputes the counters from the tasks; see store.Store.
@@ -170,6 +222,7 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 	return store.CheckCounters(ctx, reader{s.w}, [][2]string{
 		{"sub-queue running", `SELECT s.queue || '/' || s.ckey, s.running, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND (t.state IN ('ready', 'running')
 			OR t.state = 'suspended' AND t.wait_lent = 0)) AS n FROM subqueues s WHERE s.running != n`},
+		// Slots lent to suspended parents (children.go).
 		{"sub-queue lent", `SELECT s.queue || '/' || s.ckey, s.lent, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'suspended' AND t.wait_lent = 1) AS n
 			FROM subqueues s WHERE s.lent != n`},
 		{"sub-queue queued", `SELECT s.queue || '/' || s.ckey, s.queued, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'queued') AS n FROM subqueues s WHERE s.queued != n`},
@@ -190,7 +243,14 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 		// No idle capacity (S-FC2): with room in the environment, no
 		// sub-queue with room may have tasks waiting.
 		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0 FROM subqueues s, env e
-			WHERE s.queued > 0 AND s.paused = 0 AND (s.lim IS NULL OR s.running < s.lim) AND (e.max_running = 0 OR e.running < e.max_running)`},
+			WHERE s.queued > 0 AND s.paused = 0 AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND (e.max_running = 0 OR e.running < e.max_running)`},
+		// Rate limits (rate.go): a ready task of a rate-limited
+		// sub-queue was made ready on its bucket's allowance, and a
+		// bucket never has more such tasks than its limit.
+		{"ready without rate allowance", `SELECT 'task ' || t.id, 0, 1 FROM tasks t JOIN subqueues s ON s.id = t.sq
+			WHERE t.state = 'ready' AND s.rbucket IS NOT NULL AND NOT t.rated`},
+		{"rate pending over limit", `SELECT s.rbucket, count(*), max(s.rlim) FROM tasks t JOIN subqueues s ON s.id = t.sq
+			WHERE t.state = 'ready' AND t.rated AND s.rbucket IS NOT NULL GROUP BY s.rbucket HAVING count(*) > max(s.rlim)`},
 		// Run steps (windows.go): their counters, their windows never
 		// exceeded, and no idle window while items wait.
 		{"step remaining", `SELECT 'step ' || s.id, s.remaining, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM run_steps s WHERE s.remaining != n`},

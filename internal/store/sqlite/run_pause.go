@@ -112,7 +112,8 @@ func (t *txn) pauseRun(id int64) error {
 			}
 		}
 	}
-	return nil
+	// Its child runs (workflow steps) pause with it.
+	return t.pauseChildRuns(id)
 }
 
 // ResumeRun resumes a paused run; see store.RunStore.
@@ -203,6 +204,10 @@ func (t *txn) resumeRun(id int64) error {
 		if err := t.letIn(st); err != nil {
 			return err
 		}
+	}
+	// Its child runs (workflow steps) resume with it.
+	if err := t.resumeChildRuns(id); err != nil {
+		return err
 	}
 	// The workflow layer looks again: a decision taken while paused
 	// created its tasks paused, and they run now; this event is for

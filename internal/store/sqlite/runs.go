@@ -81,9 +81,10 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 	if state == sluice.RunRunning {
 		started = t.now
 	}
-	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		r.Workflow, r.Version, state, []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started).Scan(&id)
+	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at,
+		parent_run_id, parent_step_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		r.Workflow, r.Version, state, []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started,
+		nullID(r.ParentRunID), nullID(r.ParentStepID)).Scan(&id)
 	if err != nil {
 		return 0, false, fmt.Errorf("inserting run: %w", err)
 	}
@@ -214,6 +215,9 @@ func (t *txn) createStep(runID int64, ns *store.NewStep, paused bool) error {
 	if err != nil {
 		return fmt.Errorf("creating step %q: %w", ns.Name, err)
 	}
+	if ns.Child != nil && ns.State == sluice.StepRunning {
+		return t.createChildRun(runID, stepID, ns, paused)
+	}
 	var waitingTasks []*store.NewTask
 	for i := range ns.Tasks {
 		nt := &ns.Tasks[i]
@@ -286,6 +290,9 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 		if err := t.endRunTasks(runID); err != nil {
 			return err
 		}
+		if err := t.cancelChildRuns(runID, end.State); err != nil {
+			return err
+		}
 	}
 	var out any
 	if end.Output != nil {
@@ -295,13 +302,20 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 		workflow, key string
 		limit         int
 		pausedFrom    *string
+		parentStep    *int64
 	)
 	err := t.tx.QueryRowContext(t.ctx, `UPDATE runs SET state = ?, output = ?, error = ?, finished_at = ? WHERE id = ?
-		RETURNING workflow, ckey, climit, paused_from`, end.State, out, end.Error, t.now, runID).Scan(&workflow, &key, &limit, &pausedFrom)
+		RETURNING workflow, ckey, climit, paused_from, parent_step_id`, end.State, out, end.Error, t.now, runID).
+		Scan(&workflow, &key, &limit, &pausedFrom, &parentStep)
 	if err != nil {
 		return fmt.Errorf("ending run %d: %w", runID, err)
 	}
 	t.setRunPaused(runID, false)
+	if parentStep != nil {
+		if err := t.childRunEnded(runID, *parentStep, workflow, end); err != nil {
+			return err
+		}
+	}
 	if from == sluice.RunPaused && pausedFrom != nil {
 		from = sluice.RunState(*pausedFrom)
 	}

@@ -33,6 +33,10 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 	var next time.Time
 	o, err := s.write(ctx, func(t *txn) error {
 		n, next = 0, time.Time{}
+		// Sub-queues whose rate limit allows a start again (rate.go).
+		if err := t.rateDue(); err != nil {
+			return err
+		}
 		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue FROM tasks INDEXED BY tasks_due WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("promoting due tasks: %w", err)
@@ -78,6 +82,13 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		}
 		if nextUS.Valid {
 			next = store.FromUS(nextUS.Int64)
+		}
+		rateNext, err := t.rateNext()
+		if err != nil {
+			return err
+		}
+		if rateNext > 0 && (next.IsZero() || rateNext < store.US(next)) {
+			next = store.FromUS(rateNext)
 		}
 		return nil
 	})

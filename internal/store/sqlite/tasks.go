@@ -89,9 +89,17 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 	}
 	runAt := nt.RunAtUS(t.now)
 	var (
-		state sluice.TaskState
-		rank  int64
+		state  sluice.TaskState
+		rank   int64
+		victim int64
 	)
+	if nt.Run == nil {
+		// The queue's strategy (strategy.go); a workflow's steps are
+		// internal work, which waits.
+		if victim, err = t.strategy(sq, q, runAt > t.now); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case nt.Run != nil && nt.Run.Waiting:
 		state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
@@ -120,15 +128,20 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inserting task: %w", err)
 	}
+	if victim != 0 {
+		if err := t.strategyReason(victim, id); err != nil {
+			return nil, err
+		}
+	}
 	return nt.Inserted(id, state, runAt, t.now), nil
 }
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent = 1`
 
-const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved')`
+const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved', 'suspended')`
 
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
@@ -197,6 +210,8 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (*sluice.Task, store.O
 			return sluice.Conflict("task %d already %s", id, state)
 		}
 		if state == sluice.StateRunning || state == sluice.StateSuspended {
+			// Its worker learns and reports; a suspended task holds no
+			// environment slot meanwhile.
 			_, err := t.exec(`UPDATE tasks SET cancel_requested = 1 WHERE id = ?`, id)
 			return err
 		}

@@ -27,6 +27,11 @@ type txn struct {
 	// counts the run events it wrote.
 	steps  map[int64]*flow.Step
 	events int
+	// rateWait: a rate-limited sub-queue waits for its next chance;
+	// cancelled: running tasks a strategy cancelled (rate.go,
+	// strategy.go; both go into the Outcome).
+	rateWait  bool
+	cancelled []store.CancelledTask
 	// paused caches whether runs are paused (run_pause.go).
 	paused map[int64]bool
 }
@@ -72,6 +77,7 @@ func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (st
 	}
 	o.Readied = t.Readied()
 	o.RunEvents = t.events
+	o.RateWait, o.Cancelled = t.rateWait, t.cancelled
 	return o, nil
 }
 

@@ -41,7 +41,7 @@ func testAdmission(t *testing.T, ns NewStore) {
 
 func testQueueBacklog(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{MaxBacklog: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{MaxBacklog: sluice.Set(2)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	_, _, err = h.st.Enqueue(h.ctx, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "q", MaxAttempts: 1}})

@@ -162,7 +162,7 @@ func testChildWaitEnvLimitOne(t *testing.T, ns NewStore) {
 // A parent whose child runs in its own sub-queue lends it its slot.
 func testChildWaitSameQueueLends(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	p := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	h.worker("w", 10, "k")
@@ -188,7 +188,7 @@ func testChildWaitSameQueueLends(t *testing.T, ns NewStore) {
 // queue of limit 1 is RECURSIVE_WAIT_DEADLOCK and changes nothing.
 func testChildWaitDeadlock(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	p := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	h.worker("w", 10, "k")
@@ -218,9 +218,9 @@ func testChildWaitDeadlock(t *testing.T, ns NewStore) {
 // and only its worker's wait runs it.
 func testChildWaitSlotsInOrder(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
-	_, _, err = h.st.PutQueue(h.ctx, "c", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err = h.st.PutQueue(h.ctx, "c", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	_, err = h.st.SetEnvLimit(h.ctx, 2)
 	require.NoError(t, err)
@@ -269,7 +269,7 @@ func testChildWaitSlotsInOrder(t *testing.T, ns NewStore) {
 // A parent whose child runs on another queue keeps its queue's slot.
 func testChildWaitOtherQueue(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	p := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	other := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
@@ -287,7 +287,7 @@ func testChildWaitOtherQueue(t *testing.T, ns NewStore) {
 // its attempt ends and what it holds is released.
 func testChildWaitParentEnds(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(2)})
 	require.NoError(t, err)
 	p1 := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	h.worker("w", 10, "k")
@@ -314,7 +314,7 @@ func testChildWaitParentEnds(t *testing.T, ns NewStore) {
 // back from the same call.
 func testChildWaitWorkerGone(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	p := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	h.worker("w", 10, "k")

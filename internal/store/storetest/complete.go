@@ -32,7 +32,7 @@ var completeTests = tests{
 // its results acknowledged stale and no tasks.
 func testCompleteClaim(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(2)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 7 {
@@ -126,7 +126,7 @@ func testCompleteClaim(t *testing.T, ns NewStore) {
 func testCompleteClaimPromotes(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
 	spec := func(n int) store.ClaimSpec { return store.ClaimSpec{Max: n, Lease: 30 * time.Second} }
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	// Key a: a1, a2 (kind k); key m: m1 (kind k) then m2 (kind z).
 	a := h.enqueue(store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a"}, store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a"},
@@ -250,7 +250,7 @@ func testSpreadWeighsHeldTasks(t *testing.T, ns NewStore) {
 
 func testRetryReleasesSlot(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
 	h.worker("w", 10, "k")
@@ -324,7 +324,7 @@ func testStale(t *testing.T, ns NewStore) {
 // limit holds.
 func testConcurrentCompletions(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(4)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(4)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for i := range 120 {
@@ -386,7 +386,7 @@ func testConcurrentCompletions(t *testing.T, ns NewStore) {
 // (the PostgreSQL store reads the ended tasks grouped by sub-queue).
 func testCompleteAcrossSubqueues(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "p", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "p", sluice.QueueParams{ConcurrencyLimit: sluice.Set(2)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for _, k := range []string{"a", "a", "a", "b", "b", "c"} {

@@ -29,7 +29,7 @@ var handoverTests = tests{
 
 func (h *testBundle) handoverQueue(name string, limit int) {
 	h.t.Helper()
-	_, _, err := h.st.PutQueue(h.ctx, name, sluice.QueueParams{ConcurrencyLimit: intp(limit), Handover: true})
+	_, _, err := h.st.PutQueue(h.ctx, name, sluice.QueueParams{ConcurrencyLimit: sluice.Set(limit), Handover: sluice.Set(true)})
 	require.NoError(h.t, err)
 }
 
@@ -168,10 +168,10 @@ func more0(t *testing.T, id int64, h *testBundle) sluice.ClaimedTask {
 func testHandoverOptIn(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
-	_, _, err := h.st.PutQueue(h.ctx, "plain", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "plain", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	h.handoverQueue("hq", 1)
-	_, _, err = h.st.PutQueue(h.ctx, "free", sluice.QueueParams{Handover: true})
+	_, _, err = h.st.PutQueue(h.ctx, "free", sluice.QueueParams{Handover: sluice.Set(true)})
 	require.NoError(t, err)
 	for range 3 {
 		h.enqueue(store.NewTask{Kind: "a", Queue: "plain"}, store.NewTask{Kind: "b", Queue: "hq"}, store.NewTask{Kind: "c", Queue: "free"})
@@ -401,7 +401,7 @@ func testHandoverOff(t *testing.T, ns NewStore) {
 	h.st.SetHandoverDepth(1)
 	tasks, run, next := h.handoverChain()
 	require.Equal(t, tasks[1].ID, next[run[0].ID].ID)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Handover: sluice.Set(false)})
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateQueued, h.state(tasks[1].ID))
 	h.counters()

@@ -25,7 +25,7 @@ var leaseTests = tests{
 
 func testLeaseExpiry(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 2}, store.NewTask{Kind: "k", Queue: "q"})
 	h.worker("dead", 10, "k")
@@ -176,7 +176,7 @@ func testTimeout(t *testing.T, ns NewStore) {
 
 func testDeadline(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second}, store.NewTask{Kind: "k", Queue: "q", DispatchDeadline: time.Second})
 	h.tick(2 * time.Second)

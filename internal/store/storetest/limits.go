@@ -24,7 +24,7 @@ var limitTests = tests{
 
 func testQueueLimit(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(2)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 5 {
@@ -54,7 +54,7 @@ func testQueueLimit(t *testing.T, ns NewStore) {
 
 func testKeyLimits(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for i := range 3 {
@@ -187,7 +187,7 @@ func testEnvRoundRobinWide(t *testing.T, ns NewStore) {
 
 func testPriorityFIFO(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	blocker := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
 	tasks := h.enqueue(

@@ -18,7 +18,7 @@ var pauseTests = tests{
 
 func testPauseResume(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(2)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(2)})
 	require.NoError(t, err)
 	var nts []store.NewTask
 	for range 5 {

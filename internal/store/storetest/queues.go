@@ -19,7 +19,7 @@ var queueTests = tests{
 
 func testQueues(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	q, _, err := h.st.PutQueue(h.ctx, "email", sluice.QueueParams{ConcurrencyLimit: intp(5), MaxBacklog: intp(100)})
+	q, _, err := h.st.PutQueue(h.ctx, "email", sluice.QueueParams{ConcurrencyLimit: sluice.Set(5), MaxBacklog: sluice.Set(100)})
 	require.NoError(t, err)
 	require.Equal(t, 5, *q.ConcurrencyLimit)
 	require.Equal(t, 100, *q.MaxBacklog)
@@ -38,7 +38,11 @@ func testQueues(t *testing.T, ns NewStore) {
 	require.True(t, errors.Is(err, sluice.ErrNotFound))
 	q, _, err = h.st.PutQueue(h.ctx, "email", sluice.QueueParams{})
 	require.NoError(t, err)
+	require.Equal(t, 5, *q.ConcurrencyLimit, "absent means unchanged")
+	q, _, err = h.st.PutQueue(h.ctx, "email", sluice.QueueParams{ConcurrencyLimit: sluice.Null[int]()})
+	require.NoError(t, err)
 	require.Nil(t, q.ConcurrencyLimit, "null means unbounded")
+	require.Equal(t, 100, *q.MaxBacklog, "absent means unchanged")
 }
 
 // testQueueKeyed: a queue is keyed once a task with a concurrency key
@@ -65,14 +69,14 @@ func testQueueKeyed(t *testing.T, ns NewStore) {
 
 func testRaiseLimit(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	_, o, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(3)})
+	_, o, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(3)})
 	require.NoError(t, err)
 	require.Equal(t, 2, o.Readied)
 	h.counters()
-	_, _, err = h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err = h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "k", Queue: "q"})
 	q, err := h.st.GetQueue(h.ctx, "q")

@@ -65,9 +65,9 @@ func testReplicaLimits(t *testing.T, nr NewReplicas) {
 		keys     = 6
 		total    = 3 * perQueue
 	)
-	_, _, err := a.PutQueue(ctx, rBounded, sluice.QueueParams{ConcurrencyLimit: intp(3)})
+	_, _, err := a.PutQueue(ctx, rBounded, sluice.QueueParams{ConcurrencyLimit: sluice.Set(3)})
 	require.NoError(t, err)
-	_, _, err = b.PutQueue(ctx, rKeyed, sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err = b.PutQueue(ctx, rKeyed, sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	_, err = a.SetEnvLimit(ctx, envLimit)
 	require.NoError(t, err)
@@ -247,7 +247,7 @@ func testReplicaIdempotency(t *testing.T, nr NewReplicas) {
 func testReplicaRefill(t *testing.T, nr NewReplicas) {
 	a, b := nr(t)
 	ctx := context.Background()
-	_, _, err := a.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := a.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	res, _, err := b.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "k", Queue: "q", MaxAttempts: 1}, {Kind: "k", Queue: "q", MaxAttempts: 1}})
 	require.NoError(t, err)

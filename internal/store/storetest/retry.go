@@ -169,7 +169,7 @@ func testRetryConflicts(t *testing.T, ns NewStore) {
 
 func testRetryLimitAndPause(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a", MaxAttempts: 1},
 		store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a"},
@@ -220,7 +220,7 @@ func testRetryLimitAndPause(t *testing.T, ns NewStore) {
 
 func testRetryAdmission(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{MaxBacklog: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{MaxBacklog: sluice.Set(1)})
 	require.NoError(t, err)
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "other"})
 	_, _, err = h.st.CancelTask(h.ctx, tasks[0].ID)

@@ -50,7 +50,7 @@ func count(m map[int64]sluice.TaskState, s sluice.TaskState) int {
 
 func testRunPauseResume(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: intp(10)})
+	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: sluice.Set(10)})
 	require.NoError(t, err)
 	run := h.run(store.NewRun{})
 	h.apply(run.ID, []store.NewStep{items("each", 0, 6, 2, "k")}, nil)
@@ -340,7 +340,7 @@ func testRunPausedDeadlineCounts(t *testing.T, ns NewStore) {
 func testRunPauseReservedChain(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
 	h.st.SetHandoverDepth(2)
-	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: intp(1), Handover: true})
+	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Handover: sluice.Set(true)})
 	require.NoError(t, err)
 	run := h.run(store.NewRun{})
 	h.apply(run.ID, []store.NewStep{items("each", 0, 3, 0, "k")}, nil)

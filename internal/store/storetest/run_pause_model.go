@@ -247,7 +247,7 @@ func (m *runModel) setup() {
 	h := m.h
 	m.qlimit = 1 + m.pick(3)
 	m.handover = m.pick(3) > 0
-	_, _, err := h.st.PutQueue(h.ctx, mqLimited, sluice.QueueParams{ConcurrencyLimit: intp(m.qlimit), Handover: m.handover})
+	_, _, err := h.st.PutQueue(h.ctx, mqLimited, sluice.QueueParams{ConcurrencyLimit: sluice.Set(m.qlimit), Handover: sluice.Set(m.handover)})
 	require.NoError(h.t, err)
 	_, _, err = h.st.PutQueue(h.ctx, mqFree, sluice.QueueParams{})
 	require.NoError(h.t, err)

@@ -515,7 +515,7 @@ func testRunDropEvents(t *testing.T, ns NewStore) {
 func testRunClaimedTaskPlace(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
 	h.st.SetHandoverDepth(1)
-	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "k", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	h.handoverQueue("hk", 1)
 	run := h.run(store.NewRun{})

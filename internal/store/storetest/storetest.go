@@ -45,8 +45,13 @@ var areas = []tests{
 	scheduleTests,
 	runPauseTests,
 	runPauseModelTests,
+	childRunTests,
 	retryTests,
+	queueUpdateTests,
+	strategyTests,
+	rateTests,
 	childTests,
+	childModelTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would

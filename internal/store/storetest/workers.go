@@ -53,7 +53,7 @@ func testDeregister(t *testing.T, ns NewStore) {
 
 func testShortfall(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
-	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: intp(1)})
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
 	h.enqueue(store.NewTask{Kind: "resize", Queue: "q"}, store.NewTask{Kind: "resize", Queue: "q"}, store.NewTask{Kind: "mail"})
 	sf, err := h.st.Shortfall(h.ctx)

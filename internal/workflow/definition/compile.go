@@ -240,9 +240,9 @@ func ancestors(d *Definition, i int, needs [][]int, index map[string]int) []stri
 func (p *parser) compileStep(d *Definition, i int, needs [][]int, index map[string]int) CompiledStep {
 	s := d.Steps[i]
 	path := stepPath(i)
-	cs := CompiledStep{Name: s.Name, Index: i, Kind: s.Kind, Needs: needs[i], ContinueOnError: s.ContinueOnError}
+	cs := CompiledStep{Name: s.Name, Index: i, Kind: s.Kind, Workflow: s.Workflow, Needs: needs[i], ContinueOnError: s.ContinueOnError}
 	if s.Workflow != "" {
-		p.errorf(path+".workflow", "child runs are not supported yet")
+		p.checkWorkflowStep(d, i)
 	}
 	sc := expr.Scope{Steps: ancestors(d, i, needs, index)}
 	isc := expr.Scope{Steps: sc.Steps, Item: s.WithItems != nil}

@@ -169,7 +169,15 @@ type Workflow struct {
 type CompiledStep struct {
 	Name  string
 	Index int
-	Kind  string
+	// Kind is the task kind of a step of tasks; empty for a workflow
+	// step.
+	Kind string
+	// Workflow, for a workflow step (`workflow: NAME`), names the
+	// workflow whose run (its latest version when the step starts) the
+	// step starts and waits for: a child run, whose input is the step's
+	// rendered Input and whose output is the step's output. Empty for a
+	// step of tasks.
+	Workflow string
 	// Needs are the indexes of the steps this one needs directly, in
 	// ascending order (sequential: the previous step; none for the first).
 	Needs []int

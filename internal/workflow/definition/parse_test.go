@@ -257,14 +257,7 @@ var parseCases = []parseCase{
 		"    workflow: other",
 	), want: []string{
 		"steps[0].workflow: a step has either kind or workflow, not both (line 5)",
-		"steps[0].workflow: child runs are not supported yet (line 5)",
 	}},
-	{name: "child runs not supported yet", src: y(
-		"name: x",
-		"steps:",
-		"  - name: a",
-		"    workflow: other",
-	), want: []string{"steps[0].workflow: child runs are not supported yet (line 4)"}},
 	{name: "child workflow name", src: y(
 		"name: x",
 		"steps:",
@@ -272,7 +265,6 @@ var parseCases = []parseCase{
 		"    workflow: other one",
 	), want: []string{
 		`steps[0].workflow: "other one" contains a space: use only letters, digits and . _ - (line 4)`,
-		"steps[0].workflow: child runs are not supported yet (line 4)",
 	}},
 
 	// Needs.

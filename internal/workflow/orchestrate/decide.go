@@ -19,6 +19,9 @@
 //     expressions could not be evaluated) fails the run, unless it has
 //     continue_on_error: then the run goes on, and the step's output has
 //     null for each item that did not succeed.
+//   - A workflow step (`workflow: NAME`) starts a run of that workflow
+//     (a child run) with its rendered input and ends as the child run
+//     ends: succeeded with its output, failed, or cancelled.
 //   - The run succeeds when every step has ended; its output is the
 //     definition's `output`, or else the last step's output.
 package orchestrate
@@ -45,10 +48,14 @@ const MaxItems = 100_000
 // larger one fails the run.
 const MaxOutput = 1 << 20
 
-// Defaults are the engine's defaults for a step's tasks.
+// Defaults are the engine's defaults for a step's tasks, and how a
+// workflow step finds its child run.
 type Defaults struct {
 	// MaxAttempts of a step's tasks that do not set max_attempts.
 	MaxAttempts int
+	// Child resolves the child run of a workflow step (child.go); nil
+	// fails every workflow step.
+	Child ChildFunc
 }
 
 // Decision is what a run does next. Empty: it waits for its tasks.
@@ -133,7 +140,9 @@ func (r *decider) startable(i int) bool {
 	for _, j := range r.w.Steps[i].Needs {
 		switch r.state[j] {
 		case sluice.StepSucceeded, sluice.StepSkipped:
-		case sluice.StepFailed:
+		case sluice.StepFailed, sluice.StepCancelled:
+			// A step is cancelled only by its run's end, or by its child
+			// run's cancel (a workflow step).
 			if !r.w.Steps[j].ContinueOnError {
 				return false
 			}
@@ -193,6 +202,9 @@ func (r *decider) build(s *definition.CompiledStep, ns *store.NewStep, vars *exp
 		if ok, _ := v.(bool); !ok {
 			return sluice.StepSkipped, json.RawMessage("null"), ""
 		}
+	}
+	if s.Workflow != "" {
+		return r.child(s, ns, vars)
 	}
 	if s.WithItems == nil {
 		nt, err := r.task(s, *vars)
