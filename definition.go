@@ -69,6 +69,10 @@ type StepDefinition struct {
 	If string `json:"if,omitempty"`
 	// ContinueOnError lets the run go on when the step fails.
 	ContinueOnError bool `json:"continue_on_error,omitempty"`
+	// RateLimit is the rate limit of the step's Queue (which must be a
+	// name, not an expression): applying the definition sets it on the
+	// queue, shared by all its tasks. Nil: the queue's stays as it is.
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
 }
 
 // ScheduleDefinition starts a run with Input on a cron schedule (five

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,6 +35,17 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, body []byte, contentType str
 	w, err := definition.Parse(body, f)
 	if err != nil {
 		return nil, definitionError(err)
+	}
+	// A step's rate limit is its queue's: set it there first (a queue
+	// that cannot take it, with handover on, refuses the upload).
+	for _, q := range slices.Sorted(maps.Keys(w.RateLimits)) {
+		if _, err := e.PutQueue(ctx, q, sluice.QueueParams{RateLimit: sluice.Set(w.RateLimits[q])}); err != nil {
+			var se *sluice.Error
+			if errors.As(err, &se) && se.Code == sluice.CodeBadRequest {
+				return nil, sluice.Invalid("rate_limit", "queue %q: %s", q, se.Message)
+			}
+			return nil, err
+		}
 	}
 	version, created, err := e.st.PutWorkflow(ctx, w.Def.Name, w.Canonical, w.Hash)
 	if err != nil {

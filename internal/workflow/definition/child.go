@@ -8,7 +8,7 @@ package definition
 
 // taskOnlyFields are the step fields that configure a step's tasks: a
 // workflow step has none.
-var taskOnlyFields = []string{"queue", "concurrency_key", "priority", "max_attempts", "timeout", "dispatch_deadline"}
+var taskOnlyFields = []string{"queue", "concurrency_key", "priority", "max_attempts", "timeout", "dispatch_deadline", "rate_limit"}
 
 // checkWorkflowStep reports what a workflow step may not have: task
 // settings, with_items (one child run per item is not supported: fan
@@ -30,6 +30,7 @@ func (p *parser) checkWorkflowStep(d *Definition, i int) {
 		"max_attempts":      s.MaxAttempts != nil,
 		"timeout":           s.Timeout != "",
 		"dispatch_deadline": s.DispatchDeadline != "",
+		"rate_limit":        s.RateLimit != nil,
 	}
 	for _, f := range taskOnlyFields {
 		if set[f] {

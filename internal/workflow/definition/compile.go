@@ -68,6 +68,7 @@ func (p *parser) compile(d *Definition) *Workflow {
 	for i := range d.Steps {
 		p.cur, p.curItems = i, d.Steps[i].WithItems != nil
 		w.Steps[i] = p.compileStep(d, i, needs, index)
+		p.compileRate(stepPath(i), &d.Steps[i], w)
 	}
 	p.cur, p.curItems = -1, false
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/workflow/expr"
 )
 
@@ -76,6 +77,8 @@ type Step struct {
 	DispatchDeadline string   `json:"dispatch_deadline,omitempty"`
 	If               string   `json:"if,omitempty"`
 	ContinueOnError  bool     `json:"continue_on_error,omitempty"`
+	// RateLimit is the step's queue's rate limit (rate.go).
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
 }
 
 // MarshalJSON encodes s like the struct tags say, except that an explicit
@@ -162,6 +165,9 @@ type Workflow struct {
 	// 0 means no limit.
 	RunLimit  int
 	Schedules []CompiledSchedule
+	// RateLimits are the rate limits its steps give their queues, by
+	// queue: applying the workflow sets them (rate.go).
+	RateLimits map[string]sluice.RateLimit
 }
 
 // CompiledStep is one step of a Workflow. Template fields are nil when the

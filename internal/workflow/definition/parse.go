@@ -113,7 +113,7 @@ func (p *parser) errorf(path, format string, args ...any) {
 var (
 	topFields      = []string{"name", "concurrency", "steps", "output", "schedules"}
 	runConcFields  = []string{"limit", "key"}
-	stepFields     = []string{"name", "kind", "workflow", "input", "needs", "with_items", "concurrency", "queue", "concurrency_key", "priority", "max_attempts", "timeout", "dispatch_deadline", "if", "continue_on_error"}
+	stepFields     = []string{"name", "kind", "workflow", "input", "needs", "with_items", "concurrency", "queue", "concurrency_key", "priority", "max_attempts", "timeout", "dispatch_deadline", "if", "continue_on_error", "rate_limit"}
 	scheduleFields = []string{"cron", "input"}
 )
 
@@ -377,6 +377,9 @@ func (p *parser) step(v *value, path string, s *Step) {
 		} else {
 			s.ContinueOnError = x.b
 		}
+	}
+	if x := get("rate_limit"); x != nil {
+		s.RateLimit = p.rateLimit(x, path+".rate_limit")
 	}
 }
 
