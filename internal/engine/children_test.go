@@ -243,3 +243,21 @@ func TestChildKeyPrefixReserved(t *testing.T) {
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, "idempotency_key", se.Field)
 }
+
+// A parent cancelled by its queue's cancel_in_progress strategy takes its
+// children with it, as any cancel does.
+func TestChildCascadeOnStrategyCancel(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	_, err := f.e.PutQueue(f.ctx, "deploy", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Strategy: sluice.Set(sluice.StrategyCancelInProgress)})
+	require.NoError(t, err)
+	w := f.register("p", "c")
+	parent := f.trigger(sluice.TriggerParams{Kind: "p", Queue: "deploy"})
+	f.claimOne(w, parent.ID)
+	res, _ := f.child(w, parent.ID, kindOn("c", "build"))
+	child := res.Task.ID
+
+	newer := f.trigger(sluice.TriggerParams{Kind: "p", Queue: "deploy"})
+	require.Equal(t, sluice.StateCancelled, f.get(parent.ID).State, "the oldest running task of the key gave way")
+	require.Equal(t, sluice.StateCancelled, f.get(child).State, "and its child with it")
+	require.Contains(t, []sluice.TaskState{sluice.StateReady, sluice.StateQueued}, f.get(newer.ID).State)
+}

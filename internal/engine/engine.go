@@ -163,6 +163,15 @@ func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]
 	if scheduled {
 		e.kickScheduler()
 	}
+	if len(o.Cancelled) > 0 {
+		// Tasks a strategy (cancel_in_progress) cancelled: their
+		// children go with them, as with any cancel.
+		ids := make([]int64, len(o.Cancelled))
+		for i, c := range o.Cancelled {
+			ids[i] = c.ID
+		}
+		e.cancelChildren(context.WithoutCancel(ctx), ids)
+	}
 	return e.triggered(res)
 }
 
