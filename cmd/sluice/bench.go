@@ -29,7 +29,7 @@ func init() {
 type benchFlags struct {
 	tasks, slots, workers, claimBatch, enqueueBatch int
 	limit, keys                                     int
-	rate                                            int
+	rate, rateLimit                                 int
 	duration, timeout                               time.Duration
 	blocked                                         []int
 	claims, claimMax                                int
@@ -72,6 +72,10 @@ or with --db postgres://… a new schema of that database, dropped afterwards.
      ratio of (a) (a short (a) runs first without it) and the refill latency
      (an item's end → the next item's start); --wf-blocked adds claim latency
      of another queue while that many items wait behind windows
+  g  rate limit, only when named (--only g): a queue limited to --rate-limit
+     starts per second for --duration with more work queued, its starts in
+     each second; and --tasks no-op tasks of an unlimited queue beside it,
+     tasks/s as a ratio of the same alone
 
 The worker of (a), (b), (e) and (f) is a sluice worker process over HTTP;
 --in-process runs it in this process over HTTP, and --embedded in this
@@ -155,6 +159,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.IntVar(&f.limit, "limit", bench.DefaultLimit, "queue concurrency limit of (b)")
 	fs.IntVar(&f.keys, "keys", bench.DefaultKeys, "concurrency keys (limit 1 each) of (b)")
 	fs.IntVar(&f.rate, "rate", bench.DefaultRate, "trigger rate of (c), tasks per second")
+	fs.IntVar(&f.rateLimit, "rate-limit", bench.DefaultRateLimit, "(g): the queue's rate limit, starts per second (for --duration)")
 	fs.DurationVar(&f.duration, "duration", bench.DefaultDuration, "how long (c) triggers")
 	fs.IntSliceVar(&f.blocked, "blocked", bench.DefaultBlocked, "blocked backlog sizes of (d), comma-separated")
 	fs.IntVar(&f.claims, "claims", bench.DefaultClaims, "claims timed per backlog size in (d)")
@@ -167,7 +172,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.IntVar(&f.handoverDepth, "handover-depth", 0, "the server's --handover-depth (1 or 2; 0: its default, 2)")
 	fs.DurationVar(&f.resultLinger, "result-linger", bench.DefaultResultLinger, "the worker's --result-linger (0 = off, at most 1s)")
 	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
-	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e,f (f only when named)")
+	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e,f,g (f and g only when named)")
 	fs.StringSliceVar(&f.wfShapes, "wf-shapes", workflowShapeStrings(bench.DefaultWorkflowShapes), "workloads of (f), each RUNSxITEMS/WINDOW: runs of one step fanning out over ITEMS no-op items, at most WINDOW at once")
 	fs.IntSliceVar(&f.wfBlocked, "wf-blocked", nil, "(f): also time claims (as d) while each of these numbers of items waits behind workflow windows, e.g. 10000,1000000")
 	fs.BoolVar(&f.quick, "quick", false, "CI-sized defaults: --tasks 20000 --duration 5s --blocked 10000,100000 --claims 1000 (flags given win)")
@@ -232,7 +237,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 	}
 	cfg := bench.Config{
 		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
-		Limit: f.limit, Keys: f.keys, Rate: f.rate, Duration: f.duration,
+		Limit: f.limit, Keys: f.keys, Rate: f.rate, RateLimit: f.rateLimit, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
 		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth,
 		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
@@ -241,7 +246,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 	}
 	// Zero would mean "default" to bench.Config: reject it here.
 	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "workers": f.workers, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
-		"limit": f.limit, "keys": f.keys, "rate": f.rate, "claims": f.claims, "claim-max": f.claimMax,
+		"limit": f.limit, "keys": f.keys, "rate": f.rate, "rate-limit": f.rateLimit, "claims": f.claims, "claim-max": f.claimMax,
 		"slow-tasks": f.slowTasks, "slow-limit": f.slowLimit} {
 		if v < 1 {
 			return bench.Config{}, usagef("--%s: must be at least 1, got %d", name, v)
@@ -254,7 +259,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		return bench.Config{}, usagef("--duration, --timeout and --slow-sleep: must be > 0")
 	}
 	if len(only) == 0 {
-		return bench.Config{}, usagef("--only: name at least one of a,b,c,d,e,f")
+		return bench.Config{}, usagef("--only: name at least one of a,b,c,d,e,f,g")
 	}
 	// bench.Config.Validate names the bad field as its flag, without dashes.
 	if err := cfg.WithDefaults().Validate(); err != nil {

@@ -131,7 +131,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"bench", "--db", "mysql://x"}, `--db: want empty (SQLite) or a postgres:// URL`},
 		{[]string{"bench", "--db", "postgres://u:secret@h/db", "--slow-tasks", "0"}, "--slow-tasks: must be at least 1"},
 		{[]string{"bench", "--slow-sleep", "0s"}, "--slow-sleep: must be > 0"},
-		{[]string{"bench", "--only", "g"}, `--only: unknown scenario "g"`},
+		{[]string{"bench", "--only", "h"}, `--only: unknown scenario "h"`},
 		{[]string{"bench", "--result-linger", "-1ms"}, "--result-linger: must be between 0 (off) and 1s, got -1ms"},
 		{[]string{"bench", "--result-linger", "2s"}, "--result-linger: must be between 0 (off) and 1s, got 2s"},
 		{[]string{"bench", "--compare-with", "/nonexistent/river.json"}, "--compare-with: open /nonexistent/river.json"},

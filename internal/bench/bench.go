@@ -34,6 +34,9 @@ const (
 	// (f) workflow fan-out: items/s as a ratio of (a), refill latency.
 	// Only when named (--only a,f): not in AllScenarios.
 	ScenarioWorkflow = "f"
+	// (g) a rate-limited queue's starts per second, and an unlimited
+	// queue beside it. Only when named: not in AllScenarios.
+	ScenarioRate = "g"
 )
 
 // AllScenarios lists the scenarios in the order Run runs them when
@@ -41,7 +44,7 @@ const (
 var AllScenarios = []string{ScenarioNoop, ScenarioLimited, ScenarioLatency, ScenarioClaim, ScenarioSlow}
 
 // KnownScenarios are the names Config.Only takes: AllScenarios and (f).
-var KnownScenarios = append(slices.Clone(AllScenarios), ScenarioWorkflow)
+var KnownScenarios = append(slices.Clone(AllScenarios), ScenarioWorkflow, ScenarioRate)
 
 // Config configures a run. Zero fields take the documented defaults.
 type Config struct {
@@ -68,6 +71,9 @@ type Config struct {
 	Keys int
 	// Rate is the trigger rate of (c), tasks per second. Defaults to 500.
 	Rate int
+	// RateLimit is (g)'s queue rate limit, starts per second, for
+	// Duration. Defaults to 200.
+	RateLimit int
 	// Duration of the trigger phase of (c). Defaults to 10s.
 	Duration time.Duration
 	// Blocked lists the backlog sizes of (d). Defaults to 10000 and
@@ -170,6 +176,7 @@ const (
 	DefaultLimit        = 100
 	DefaultKeys         = 1000
 	DefaultRate         = 500
+	DefaultRateLimit    = 200
 	DefaultDuration     = 10 * time.Second
 	DefaultClaims       = 2000
 	DefaultClaimMax     = 10
@@ -200,6 +207,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.Limit, DefaultLimit)
 	def(&c.Keys, DefaultKeys)
 	def(&c.Rate, DefaultRate)
+	def(&c.RateLimit, DefaultRateLimit)
 	def(&c.Claims, DefaultClaims)
 	def(&c.ClaimMax, DefaultClaimMax)
 	def(&c.SlowTasks, DefaultSlowTasks)
@@ -262,6 +270,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("keys: must be ≥ 1, got %d", c.Keys)
 	case c.Rate < 1 || c.Rate > 100000:
 		return fmt.Errorf("rate: must be between 1 and 100000, got %d", c.Rate)
+	case c.RateLimit < 1 || c.RateLimit > 100000:
+		return fmt.Errorf("rate-limit: must be between 1 and 100000, got %d", c.RateLimit)
 	case c.Duration <= 0:
 		return fmt.Errorf("duration: must be > 0, got %s", c.Duration)
 	case c.Claims < 1:
@@ -330,6 +340,7 @@ type Results struct {
 	Claim      []*ClaimResult      `json:"claim,omitempty"`
 	Slow       *SlowResult         `json:"slow,omitempty"`
 	Workflow   *WorkflowResults    `json:"workflow,omitempty"`
+	Rate       *RateResult         `json:"rate,omitempty"`
 	// ClaimP50Ratio and ClaimP99Ratio compare the largest backlog of (d)
 	// to the smallest (1 = flat).
 	ClaimP50Ratio float64 `json:"claim_p50_ratio,omitempty"`
@@ -417,6 +428,13 @@ func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 		res.Workflow = r
 		if err != nil {
 			return res, fmt.Errorf("(f) workflow fan-out: %w", err)
+		}
+	}
+	if want(ScenarioRate) {
+		r, err := RunRate(ctx, cfg)
+		res.Rate = r
+		if err != nil {
+			return res, fmt.Errorf("(g) rate limit: %w", err)
 		}
 	}
 	return res, nil

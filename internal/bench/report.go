@@ -164,6 +164,9 @@ func (r *Results) Markdown(command string) string {
 	if r.Workflow != nil {
 		r.Workflow.markdownRows(p)
 	}
+	if r.Rate != nil {
+		r.Rate.markdownRow(p)
+	}
 
 	if len(r.Throughput) > 0 {
 		p("\nThroughput details (times as the server recorded them):\n\n")
@@ -191,6 +194,9 @@ func (r *Results) Markdown(command string) string {
 	}
 	if r.Workflow != nil {
 		r.Workflow.markdownDetails(p)
+	}
+	if r.Rate != nil {
+		r.Rate.markdownDetails(p)
 	}
 	if r.Peer != nil && len(r.Comparison) > 0 {
 		p("\n%s", CompareMarkdown(r.Peer, r.Comparison))

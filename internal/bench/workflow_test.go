@@ -126,8 +126,8 @@ func TestParseWorkflowShape(t *testing.T) {
 	}
 	cfg := Config{Only: []string{"f"}, WorkflowShapes: []WorkflowShape{{1, 1, 0}}}.WithDefaults()
 	require.ErrorContains(t, cfg.Validate(), "wf-shapes")
-	cfg = Config{Only: []string{"g"}}.WithDefaults()
-	require.ErrorContains(t, cfg.Validate(), "a,b,c,d,e,f")
+	cfg = Config{Only: []string{"h"}}.WithDefaults()
+	require.ErrorContains(t, cfg.Validate(), "a,b,c,d,e,f,g")
 }
 
 // benchWorkflow runs (f) with about b.N items of shape's form (runs of

@@ -211,6 +211,34 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			break
 		}
 	}
+	args := func(from, to int) []any {
+		a := []any{t.ids[from:to], kinds[from:to], queues[from:to], ckeys[from:to], sqs[from:to], priorities[from:to], states[from:to],
+			paused[from:to], maxAttempts[from:to], inputs[from:to], timeouts[from:to], runAts[from:to], deadlines[from:to], idems[from:to],
+			ranks[from:to], t.now}
+		if runs != nil {
+			a = append(a, runs[from:to], steps[from:to], items[from:to], windowed[from:to], runsPaused[from:to])
+		}
+		return a
+	}
+	// The rows are inserted with one statement at the end, but for
+	// cancel_in_progress: its victim may be a task entered earlier in
+	// this batch (a batch or a group commit holding several tasks of one
+	// key), which its read must see, so the rows before it are written
+	// first. seg is the first row not written; entered the sub-queues
+	// entered since.
+	seg, entered := 0, map[int64]bool{}
+	write := func(to int) {
+		if to == seg {
+			return
+		}
+		if runs == nil {
+			t.exec("inserting tasks", insertSQL, args(seg, to)...)
+		} else {
+			t.exec("inserting tasks", insertRunSQL, args(seg, to)...)
+		}
+		seg = to
+		clear(entered)
+	}
 	for j, i := range fresh {
 		nt := &tasks[i]
 		q := t.HeldQueue(nt.Queue)
@@ -227,10 +255,14 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		if nt.Run == nil {
 			// The queue's strategy (strategy.go); a workflow's steps are
 			// internal work, which waits.
+			if q.Strategy() == flow.StrategyCancelInProgress && entered[sq.ID()] {
+				write(j)
+			}
 			if err := t.strategy(sq, q, runAt > t.now, t.ids[j]); err != nil {
 				return err
 			}
 		}
+		entered[sq.ID()] = true
 		switch {
 		case nt.Run != nil && nt.Run.Waiting:
 			state, err = sluice.StateWaiting, t.Move(sq, q, flow.New, sluice.StateWaiting)
@@ -266,12 +298,7 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			results[i] = store.EnqueueResult{Task: nt.Inserted(t.ids[j], state, runAt, t.now), Created: true}
 		}
 	}
-	args := []any{t.ids, kinds, queues, ckeys, sqs, priorities, states, paused, maxAttempts, inputs, timeouts, runAts, deadlines, idems, ranks, t.now}
-	if runs == nil {
-		t.exec("inserting tasks", insertSQL, args...)
-		return nil
-	}
-	t.exec("inserting tasks", insertRunSQL, append(args, runs, steps, items, windowed, runsPaused)...)
+	write(n)
 	return nil
 }
 

@@ -17,6 +17,7 @@ var strategyTests = tests{
 	"StrategyCancelNewest":           testCancelNewest,
 	"StrategyCancelInProgress":       testCancelInProgress,
 	"StrategyCancelInProgressQueued": testCancelInProgressQueued,
+	"StrategyCancelInProgressBatch":  testCancelInProgressBatch,
 }
 
 func testCancelNewest(t *testing.T, ns NewStore) {
@@ -102,5 +103,29 @@ func testCancelInProgressQueued(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.StateQueued, c.State)
 	require.Equal(t, sluice.StateCancelled, h.state(b.ID), "the oldest waiting task gives way")
 	require.Equal(t, sluice.StateReady, h.state(a.ID))
+	h.counters()
+}
+
+// testCancelInProgressBatch: in one batch (or one group commit) holding
+// more tasks of a key than its limit, the later ones displace the earlier
+// ones of the same batch: the newest hold the slots, the sub-queue never
+// holds more than its limit.
+func testCancelInProgressBatch(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(2), Strategy: sluice.Set(sluice.StrategyCancelInProgress)})
+	require.NoError(t, err)
+	nt := store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "a"}
+	old := h.enqueue(nt)[0]
+	ts := h.enqueue(nt, nt, nt, store.NewTask{Kind: "k", Queue: "q", ConcurrencyKey: "b"}, nt)
+	require.Equal(t, sluice.StateCancelled, h.state(old.ID))
+	require.Equal(t, sluice.StateCancelled, h.state(ts[0].ID))
+	require.Equal(t, sluice.StateCancelled, h.state(ts[1].ID))
+	require.Equal(t, store.StrategyReason(ts[4].ID), h.get(ts[1].ID).Error)
+	require.Equal(t, sluice.StateReady, h.state(ts[2].ID))
+	require.Equal(t, sluice.StateReady, h.state(ts[3].ID))
+	require.Equal(t, sluice.StateReady, h.state(ts[4].ID))
+	q, err := h.st.GetQueue(h.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, 3, q.Active)
 	h.counters()
 }
