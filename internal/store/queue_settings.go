@@ -124,3 +124,22 @@ func ConcurrencyFull(sq *flow.Subqueue) error {
 func StrategyReason(newID int64) string {
 	return fmt.Sprintf("cancelled by cancel_in_progress: task %d took its slot", newID)
 }
+
+// MarkVictims updates the answers of a trigger batch for its own tasks
+// that a later task of the batch cancelled (cancel_in_progress: victims,
+// id → reason), which the batch's answer would otherwise give as they
+// were inserted.
+func MarkVictims(results []EnqueueResult, victims map[int64]string, nowUS int64) {
+	if len(victims) == 0 {
+		return
+	}
+	for _, r := range results {
+		if r.Task == nil || !r.Created {
+			continue
+		}
+		if reason, ok := victims[r.Task.ID]; ok {
+			at := FromUS(nowUS)
+			r.Task.State, r.Task.Error, r.Task.FinishedAt = sluice.StateCancelled, reason, &at
+		}
+	}
+}

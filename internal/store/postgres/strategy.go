@@ -38,6 +38,10 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool, newID i
 		return err // not found: the counters say otherwise, CheckCounters tells
 	}
 	reason := store.StrategyReason(newID)
+	if t.victims == nil {
+		t.victims = map[int64]string{}
+	}
+	t.victims[id] = reason
 	if st := sluice.TaskState(state); st != sluice.StateRunning {
 		// Its slot (if ready) or its place on the wait list goes at once.
 		if err := t.cancelWaiting(id, st, run, sq, q, "cancelled"); err != nil {

@@ -50,6 +50,7 @@ func (t *txn) enqueue(lim store.Limits, tasks []store.NewTask, results []store.E
 	if err := t.insert(tasks, fresh, results); err != nil {
 		return err
 	}
+	store.MarkVictims(results, t.victims, t.now)
 	replayed()
 	return nil
 }

@@ -51,6 +51,9 @@ type txn struct {
 	// strategy.go; both go into the Outcome).
 	rateWait  bool
 	cancelled []store.CancelledTask
+	// victims: the tasks a strategy cancelled, id → reason (for the
+	// answer of a batch that cancelled its own: store.MarkVictims).
+	victims map[int64]string
 	// paused caches whether runs are paused (run_pause.go).
 	paused map[int64]bool
 }

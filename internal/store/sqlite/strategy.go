@@ -63,6 +63,10 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool) (int64,
 // strategyReason writes the reason of a task cancelled for task newID.
 func (t *txn) strategyReason(victim, newID int64) error {
 	reason := store.StrategyReason(newID)
+	if t.victims == nil {
+		t.victims = map[int64]string{}
+	}
+	t.victims[victim] = reason
 	if _, err := t.exec(`UPDATE tasks SET error = ? WHERE id = ?`, reason, victim); err != nil {
 		return err
 	}

@@ -46,6 +46,7 @@ func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.New
 			}
 			results[i] = store.EnqueueResult{Task: task, Created: true}
 		}
+		store.MarkVictims(results, t.victims, t.now)
 		replayed()
 		return nil
 	})

@@ -124,6 +124,13 @@ func testCancelInProgressBatch(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.StateReady, h.state(ts[2].ID))
 	require.Equal(t, sluice.StateReady, h.state(ts[3].ID))
 	require.Equal(t, sluice.StateReady, h.state(ts[4].ID))
+	// The batch's answer says so too, for its own tasks it cancelled.
+	for i, want := range []sluice.TaskState{sluice.StateCancelled, sluice.StateCancelled, sluice.StateReady, sluice.StateReady, sluice.StateReady} {
+		require.Equal(t, want, ts[i].State, "task %d of the batch", i)
+		require.Equal(t, h.state(ts[i].ID), ts[i].State, "task %d of the batch", i)
+	}
+	require.Equal(t, store.StrategyReason(ts[4].ID), ts[1].Error)
+	require.NotNil(t, ts[1].FinishedAt)
 	q, err := h.st.GetQueue(h.ctx, "q")
 	require.NoError(t, err)
 	require.Equal(t, 3, q.Active)
