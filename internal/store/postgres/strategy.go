@@ -19,7 +19,9 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool, newID i
 	case flow.Reject:
 		return store.ConcurrencyFull(sq)
 	case flow.CancelHolder:
-		states = `'ready', 'running'`
+		// A parent suspended while its child runs elsewhere holds its
+		// slot too (one that lent it holds none).
+		states = `'ready', 'running', 'suspended'`
 	case flow.CancelWaiter:
 		states = `'queued'`
 	default:
@@ -32,8 +34,8 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool, newID i
 	// written out, so the generic plan knows them): ordered by id, a
 	// generic plan would walk the primary key instead.
 	found, err := t.queryRow("strategy", `SELECT id, state, run FROM (
-			SELECT id, state, step_id IS NOT NULL AS run FROM tasks WHERE queue = $1 AND state IN (`+states+`) AND ckey = $2 OFFSET 0) x
-		ORDER BY id LIMIT 1`, []any{sq.Queue(), sq.Key()}, &id, &state, &run)
+			SELECT id, state, step_id IS NOT NULL AS run, wait_lent FROM tasks WHERE queue = $1 AND state IN (`+states+`) AND ckey = $2 OFFSET 0) x
+		WHERE NOT (state = 'suspended' AND wait_lent = 1) ORDER BY id LIMIT 1`, []any{sq.Queue(), sq.Key()}, &id, &state, &run)
 	if err != nil || !found {
 		return err // not found: the counters say otherwise, CheckCounters tells
 	}
@@ -42,7 +44,7 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool, newID i
 		t.victims = map[int64]string{}
 	}
 	t.victims[id] = reason
-	if st := sluice.TaskState(state); st != sluice.StateRunning {
+	if st := sluice.TaskState(state); st != sluice.StateRunning && st != sluice.StateSuspended {
 		// Its slot (if ready) or its place on the wait list goes at once.
 		if err := t.cancelWaiting(id, st, run, sq, q, "cancelled"); err != nil {
 			return err
@@ -55,7 +57,7 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool, newID i
 	// cancel_requested does: the worker learns from its next claim or
 	// heartbeat and cancels the handler's context; its result comes back
 	// stale.
-	rs, err := t.selectRunning("strategy", `t.id = $1 AND t.state = 'running'`, id)
+	rs, err := t.selectRunning("strategy", `t.id = $1 AND t.state IN ('running', 'suspended')`, id)
 	if err != nil || len(rs) == 0 {
 		return err
 	}

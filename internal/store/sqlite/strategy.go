@@ -23,7 +23,9 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool) (int64,
 	case flow.Reject:
 		return 0, store.ConcurrencyFull(sq)
 	case flow.CancelHolder:
-		states = `'ready', 'running'`
+		// A parent suspended while its child runs elsewhere holds its
+		// slot too (one that lent it holds none).
+		states = `'ready', 'running', 'suspended'`
 	case flow.CancelWaiter:
 		states = `'queued'`
 	default:
@@ -31,7 +33,8 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool) (int64,
 	}
 	var id int64
 	var state sluice.TaskState
-	err := t.tx.QueryRowContext(t.ctx, `SELECT id, state FROM tasks WHERE queue = ? AND ckey = ? AND state IN (`+states+`) ORDER BY id LIMIT 1`,
+	err := t.tx.QueryRowContext(t.ctx, `SELECT id, state FROM tasks WHERE queue = ? AND ckey = ? AND state IN (`+states+`)
+		AND NOT (state = 'suspended' AND wait_lent = 1) ORDER BY id LIMIT 1`,
 		sq.Queue(), sq.Key()).Scan(&id, &state)
 	if err == sql.ErrNoRows {
 		return 0, nil // counters say otherwise: CheckCounters tells
@@ -39,7 +42,7 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool) (int64,
 	if err != nil {
 		return 0, fmt.Errorf("strategy: %w", err)
 	}
-	if state != sluice.StateRunning {
+	if state != sluice.StateRunning && state != sluice.StateSuspended {
 		// Its slot (if ready) or its place on the wait list goes at once.
 		return id, t.cancelWaiting(id, state, sq.ID(), q.Name(), "cancelled")
 	}
@@ -48,7 +51,7 @@ func (t *txn) strategy(sq *flow.Subqueue, q *flow.Queue, scheduled bool) (int64,
 	// cancel_requested does: the worker learns from its next claim or
 	// heartbeat and cancels the handler's context; its result comes back
 	// stale.
-	r, err := scanRunning(t.tx.QueryRowContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ?`, id))
+	r, err := scanHeld(t.tx.QueryRowContext(t.ctx, `SELECT `+heldCols+` FROM tasks WHERE id = ?`, id))
 	if err != nil {
 		return 0, fmt.Errorf("strategy: %w", err)
 	}

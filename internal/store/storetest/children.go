@@ -28,6 +28,7 @@ var childTests = tests{
 	"ChildWaitWorkerGone":     testChildWaitWorkerGone,
 	"ChildWaitCancel":         testChildWaitCancel,
 	"ChildWaitChecks":         testChildWaitChecks,
+	"ChildWaitStrategyVictim": testChildWaitStrategyVictim,
 }
 
 // child triggers a child task of parent at the next call position and
@@ -373,5 +374,31 @@ func testChildWaitChecks(t *testing.T, ns NewStore) {
 	require.ErrorIs(t, h.waitErr("x", p.ID, c1.ID), sluice.ErrConflict, "another worker")
 	h.wait("w", p.ID, c1.ID)
 	require.ErrorIs(t, h.waitErr("w", p.ID, c2.ID), sluice.ErrConflict, "one child at a time")
+	h.counters()
+}
+
+// Under cancel_in_progress, a parent that waits for a child of another
+// queue still holds its slot of its own: it is the in-progress task that
+// a newer trigger of its key cancels (one that lent its slot holds none).
+func testChildWaitStrategyVictim(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "deploy", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1), Strategy: sluice.Set(sluice.StrategyCancelInProgress)})
+	require.NoError(t, err)
+	p := h.enqueue(store.NewTask{Kind: "k", Queue: "deploy", ConcurrencyKey: "prod"})[0]
+	h.worker("w", 10, "k")
+	h.claim("w", 1)
+	build := h.child("w", p.ID, store.NewTask{Kind: "k", Queue: "build"})
+	require.False(t, h.wait("w", p.ID, build.ID).Lent)
+	require.Equal(t, sluice.StateSuspended, h.state(p.ID))
+
+	next := h.enqueue(store.NewTask{Kind: "k", Queue: "deploy", ConcurrencyKey: "prod"})[0]
+	require.Equal(t, sluice.StateCancelled, h.state(p.ID), "the waiting parent gave way")
+	require.Equal(t, store.StrategyReason(next.ID), h.get(p.ID).Error)
+	require.Equal(t, sluice.StateReady, h.state(next.ID), "and its slot went to the newest")
+	require.Equal(t, sluice.StateReady, next.State)
+	// Its worker hears of it: the heartbeat finds it no longer its own.
+	lost, _, _, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: []int64{p.ID}}, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []int64{p.ID}, lost)
 	h.counters()
 }
