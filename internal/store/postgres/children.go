@@ -171,20 +171,14 @@ func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.Wai
 	}
 	switch step.From {
 	case sluice.StateRunning:
-		// Suspend: the environment slot goes back; the sub-queue's too
-		// when the child runs in it and it may lend one more.
-		if err := t.Move(sq, q, sluice.StateRunning, sluice.StateSuspended); err != nil {
+		lent, err := t.Suspend(sq, q, step.Lend, p.SQLent)
+		if errors.Is(err, flow.ErrLendFull) {
+			return "", false, store.RecursiveWaitDeadlock(p.ID, sq.Queue(), sq.Key(), *sq.Limit())
+		}
+		if err != nil {
 			return "", false, err
 		}
-		lent := false
-		if step.Lend && sq.Limit() != nil {
-			if !flow.CanLend(sq, p.SQLent) {
-				return "", false, store.RecursiveWaitDeadlock(p.ID, sq.Queue(), sq.Key(), *sq.Limit())
-			}
-			t.Lend(sq)
-			t.exec("lending", `UPDATE subqueues SET lent = lent + 1 WHERE id = $1`, p.SQ)
-			lent = true
-		}
+		t.addLent(p.SQ, lent, +1)
 		// It started long ago: no dispatch deadline applies to it when it
 		// waits for its slots back.
 		t.exec("suspending", `UPDATE tasks SET state = 'suspended', wait_task = $1, wait_run = $2, wait_lent = $3, dispatch_deadline_at = NULL WHERE id = $4`,
@@ -198,27 +192,25 @@ func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.Wai
 		t.exec("resuming", `UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = $1`, p.ID)
 		return store.WaitDone, false, nil
 	}
-	// Resume (from suspended): the child ended. A lent slot comes back
-	// first; then running where there is room (for a lent slot, nothing
-	// waiting ahead in its sub-queue), else the wait list.
-	room := t.Env.HasRoom() && (!p.Lent || sq.HasRoom() && sq.Queued() == 0)
-	if p.Lent {
-		t.Unlend(sq)
-		t.exec("unlending", `UPDATE subqueues SET lent = lent - 1 WHERE id = $1`, p.SQ)
+	// Resume (from suspended): the child ended.
+	to, err := t.Resume(sq, q, p.Lent)
+	if err != nil {
+		return "", false, err
 	}
-	if room {
-		if err := t.Move(sq, q, sluice.StateSuspended, sluice.StateRunning); err != nil {
-			return "", false, err
-		}
+	t.addLent(p.SQ, p.Lent, -1)
+	if to == sluice.StateRunning {
 		t.exec("resuming", `UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = $1`, p.ID)
 		return store.WaitDone, false, nil
 	}
-	to := q.WaitState()
-	if err := t.Move(sq, q, sluice.StateSuspended, to); err != nil {
-		return "", false, err
-	}
 	t.exec("resuming", `UPDATE tasks SET state = $1, paused_from = $2, wait_lent = 0 WHERE id = $3`, string(to), flow.PausedFrom(to), p.ID)
 	return store.WaitSlots, false, nil
+}
+
+// addLent adds d to sub-queue sq's count of lent slots, if lent.
+func (t *txn) addLent(sq int64, lent bool, d int) {
+	if lent {
+		t.exec("lending", `UPDATE subqueues SET lent = lent + $1 WHERE id = $2`, d, sq)
+	}
 }
 
 func boolInt(b bool) int {
@@ -230,30 +222,11 @@ func boolInt(b bool) int {
 
 // heldToRunning brings the counters of a task its worker holds while it
 // waits for a child back to those of a running task, so that ending its
-// attempt (endAttempt) releases exactly what it holds; see the SQLite
-// store's heldToRunning.
+// attempt (endAttempt) releases exactly what it holds
+// (flow.Counters.HeldToRunning).
 func (t *txn) heldToRunning(r *runningTask) error {
-	sq, q := r.sq, r.q
-	switch r.from {
-	case "", sluice.StateRunning:
-		return nil
-	case sluice.StateSuspended:
-		if r.lent {
-			t.Unlend(sq)
-			t.exec("unlending", `UPDATE subqueues SET lent = lent - 1 WHERE id = $1`, sq.ID())
-		}
-		return t.Move(sq, q, sluice.StateSuspended, sluice.StateRunning)
-	case sluice.StatePaused:
-		if err := t.Move(sq, q, sluice.StatePaused, sluice.StateQueued); err != nil {
-			return err
-		}
-		fallthrough
-	case sluice.StateQueued:
-		if _, err := t.MoveN(sq, q, sluice.StateQueued, sluice.StateReady, 1); err != nil {
-			return err
-		}
-	}
-	return flow.Uncounted(sluice.StateReady, sluice.StateRunning)
+	t.addLent(r.sq.ID(), r.from == sluice.StateSuspended && r.lent, -1)
+	return t.HeldToRunning(r.sq, r.q, r.from, r.lent)
 }
 
 // heldSuccess ends, as a success, the attempt of a parent held by its

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/sluice-dev/sluice"
@@ -178,29 +179,25 @@ func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.Wai
 func (t *txn) waitMoveIn(p *store.WaitingParent, child store.Child, step store.WaitMove, sq *flow.Subqueue, q *flow.Queue) (store.WaitPhase, bool, error) {
 	switch step.From {
 	case sluice.StateRunning:
-		// Suspend: the environment slot goes back; the sub-queue's too
-		// when the child runs in it and it may lend one more.
-		if err := t.Move(sq, q, sluice.StateRunning, sluice.StateSuspended); err != nil {
-			return "", false, err
-		}
-		lent := false
-		if step.Lend && sq.Limit() != nil {
-			var n int64
+		var n int64
+		if step.Lend {
 			if err := t.tx.QueryRowContext(t.ctx, `SELECT lent FROM subqueues WHERE id = ?`, p.SQ).Scan(&n); err != nil {
 				return "", false, err
 			}
-			if !flow.CanLend(sq, n) {
-				return "", false, store.RecursiveWaitDeadlock(p.ID, sq.Queue(), sq.Key(), *sq.Limit())
-			}
-			t.Lend(sq)
-			if _, err := t.exec(`UPDATE subqueues SET lent = lent + 1 WHERE id = ?`, p.SQ); err != nil {
-				return "", false, err
-			}
-			lent = true
+		}
+		lent, err := t.Suspend(sq, q, step.Lend, n)
+		if errors.Is(err, flow.ErrLendFull) {
+			return "", false, store.RecursiveWaitDeadlock(p.ID, sq.Queue(), sq.Key(), *sq.Limit())
+		}
+		if err != nil {
+			return "", false, err
+		}
+		if err := t.addLent(p.SQ, lent, +1); err != nil {
+			return "", false, err
 		}
 		// It started long ago: no dispatch deadline applies to it when it
 		// waits for its slots back.
-		_, err := t.exec(`UPDATE tasks SET state = 'suspended', wait_task = ?, wait_run = ?, wait_lent = ?, dispatch_deadline_at = NULL WHERE id = ?`,
+		_, err = t.exec(`UPDATE tasks SET state = 'suspended', wait_task = ?, wait_run = ?, wait_lent = ?, dispatch_deadline_at = NULL WHERE id = ?`,
 			store.NullID(child.TaskID), store.NullID(child.RunID), lent, p.ID)
 		return store.WaitChild, lent, err
 	case sluice.StateReady:
@@ -211,29 +208,29 @@ func (t *txn) waitMoveIn(p *store.WaitingParent, child store.Child, step store.W
 		_, err := t.exec(`UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`, p.ID)
 		return store.WaitDone, false, err
 	}
-	// Resume (from suspended): the child ended. A lent slot comes back
-	// first; then running where there is room (for a lent slot, nothing
-	// waiting ahead in its sub-queue), else the wait list.
-	room := t.Env.HasRoom() && (!p.Lent || sq.HasRoom() && sq.Queued() == 0)
-	if p.Lent {
-		t.Unlend(sq)
-		if _, err := t.exec(`UPDATE subqueues SET lent = lent - 1 WHERE id = ?`, p.SQ); err != nil {
-			return "", false, err
-		}
-	}
-	if room {
-		if err := t.Move(sq, q, sluice.StateSuspended, sluice.StateRunning); err != nil {
-			return "", false, err
-		}
-		_, err := t.exec(`UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`, p.ID)
-		return store.WaitDone, false, err
-	}
-	to := q.WaitState()
-	if err := t.Move(sq, q, sluice.StateSuspended, to); err != nil {
+	// Resume (from suspended): the child ended.
+	to, err := t.Resume(sq, q, p.Lent)
+	if err != nil {
 		return "", false, err
 	}
-	_, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, wait_lent = 0 WHERE id = ?`, to, flow.PausedFrom(to), p.ID)
+	if err := t.addLent(p.SQ, p.Lent, -1); err != nil {
+		return "", false, err
+	}
+	if to == sluice.StateRunning {
+		_, err = t.exec(`UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`, p.ID)
+		return store.WaitDone, false, err
+	}
+	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, wait_lent = 0 WHERE id = ?`, to, flow.PausedFrom(to), p.ID)
 	return store.WaitSlots, false, err
+}
+
+// addLent adds d to sub-queue sq's count of lent slots, if lent.
+func (t *txn) addLent(sq int64, lent bool, d int) error {
+	if !lent {
+		return nil
+	}
+	_, err := t.exec(`UPDATE subqueues SET lent = lent + ? WHERE id = ?`, d, sq)
+	return err
 }
 
 // heldCols are runningCols of a task its worker holds while it waits
@@ -254,35 +251,13 @@ func scanHeld(row interface{ Scan(...any) error }) (*runningTask, error) {
 
 // heldToRunning brings the counters of a task its worker holds while it
 // waits for a child back to those of a running task, so that ending its
-// attempt (endAttempt) releases exactly what it holds: a suspended task
-// takes its lent slot back, then its environment slot; one waiting for
-// its slots back goes through the moves the refill and its wait call
-// would have made. Within the transaction the counters may pass over a
-// limit for the moment between these moves and the end's; the
-// transaction commits only the end.
+// attempt (endAttempt) releases exactly what it holds
+// (flow.Counters.HeldToRunning).
 func (t *txn) heldToRunning(sq *flow.Subqueue, q *flow.Queue, r *runningTask) error {
-	switch r.from {
-	case "", sluice.StateRunning:
-		return nil
-	case sluice.StateSuspended:
-		if r.lent {
-			t.Unlend(sq)
-			if _, err := t.exec(`UPDATE subqueues SET lent = lent - 1 WHERE id = ?`, r.sq); err != nil {
-				return err
-			}
-		}
-		return t.Move(sq, q, sluice.StateSuspended, sluice.StateRunning)
-	case sluice.StatePaused:
-		if err := t.Move(sq, q, sluice.StatePaused, sluice.StateQueued); err != nil {
-			return err
-		}
-		fallthrough
-	case sluice.StateQueued:
-		if _, err := t.MoveN(sq, q, sluice.StateQueued, sluice.StateReady, 1); err != nil {
-			return err
-		}
+	if err := t.addLent(r.sq, r.from == sluice.StateSuspended && r.lent, -1); err != nil {
+		return err
 	}
-	return flow.Uncounted(sluice.StateReady, sluice.StateRunning)
+	return t.HeldToRunning(sq, q, r.from, r.lent)
 }
 
 // heldWaits returns the tasks a worker holds while they wait for a
