@@ -69,6 +69,12 @@ type WaitChildResult struct {
 	Phase string `json:"phase,omitempty"`
 	Task  *Task  `json:"task,omitempty"`
 	Run   *Run   `json:"run,omitempty"`
+	// ChildFailed, when Done, says the child failed or was cancelled: it
+	// ended for good, and a later attempt of the parent would get it back
+	// (same call position). A parent that fails because of it should say
+	// so with TaskResult.NoRetry, as the Go SDK does (*ChildError), or
+	// trigger a new child (a new call position) to try again.
+	ChildFailed bool `json:"child_failed,omitempty"`
 }
 
 // childOutput is a child's output as raw JSON (nil when it has none).

@@ -10,7 +10,8 @@ import (
 
 // HandlerFunc runs one attempt of a task. Returning an error fails the
 // attempt; it is retried while attempts remain, unless the error is wrapped
-// with NoRetry. The returned output must be valid JSON or nil (stored as
+// with NoRetry or wraps a *ChildError (a child that failed for good: see
+// IsNoRetry). The returned output must be valid JSON or nil (stored as
 // null).
 //
 // The context is cancelled when the task's timeout passes, when its
@@ -137,10 +138,23 @@ func RetryAfter(err error, d time.Duration) error {
 	return &retryAfterError{err: err, after: d}
 }
 
-// IsNoRetry reports whether err, or an error it wraps, was made by NoRetry.
+// IsNoRetry reports whether err, or an error it wraps, was made by NoRetry
+// or is a *ChildError: a handler that returns either fails its task for
+// good. A child that failed or was cancelled stays so, and a later attempt
+// of its parent would get the same child back (children are keyed by call
+// position), so retrying the parent could only fail again. A handler that
+// wants another try triggers a new child (the next call position makes a
+// new one; see ChildError). One whose later attempts trigger different
+// children (ChildCall positions that change with the attempt) and that
+// wants the retry returns an error that does not wrap the *ChildError
+// (fmt.Errorf with %v, not %w).
 func IsNoRetry(err error) bool {
 	var nr *noRetryError
-	return errors.As(err, &nr)
+	if errors.As(err, &nr) {
+		return true
+	}
+	var ce *ChildError
+	return errors.As(err, &ce)
 }
 
 // RetryDelay returns the delay set by RetryAfter on err or an error it

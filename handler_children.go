@@ -46,7 +46,23 @@ type Child struct {
 }
 
 // ChildError is the error of a wait for a child that failed or was
-// cancelled: its final state and error message.
+// cancelled: its final state and error message. The child ended for good
+// (a task fails only after its last attempt), and a later attempt of the
+// parent would get the same child back, since children are keyed by call
+// position: so a handler that returns a ChildError, or an error that
+// wraps one (fmt.Errorf with %w), fails its task without further attempts
+// (IsNoRetry), whatever attempts it has left. Its message names the
+// child ("child task 12 failed: boom").
+//
+// A handler that wants another try triggers a new child itself: the next
+// call (TriggerChild, RunChild, RunChildWorkflow) takes the next call
+// position, which makes a new child:
+//
+//	out, err := sluice.RunChild[In, Out](ctx, "charge", in)
+//	var ce *sluice.ChildError
+//	if errors.As(err, &ce) && ce.State == "failed" {
+//		out, err = sluice.RunChild[In, Out](ctx, "charge", in) // a new child
+//	}
 type ChildError struct {
 	// TaskID or RunID names the child.
 	TaskID, RunID int64
@@ -60,6 +76,9 @@ func (e *ChildError) Error() string {
 	what, id := "task", e.TaskID
 	if e.RunID != 0 {
 		what, id = "run", e.RunID
+	}
+	if e.Message == "" { // a cancelled child may have none
+		return fmt.Sprintf("child %s %d %s", what, id, e.State)
 	}
 	return fmt.Sprintf("child %s %d %s: %s", what, id, e.State, e.Message)
 }
@@ -151,9 +170,10 @@ func TriggerChild(ctx context.Context, p ChildParams) (*Child, error) {
 // ends with it. While it waits the task holds no slot of this worker's
 // (nor, on the server, of the environment limit, nor of its queue when
 // the child shares it). A child that failed or was cancelled returns a
-// *ChildError; a wait the parent's queue cannot grant (its slots all
-// lent to waiting parents already) an error matching
-// ErrRecursiveWaitDeadlock.
+// *ChildError, which fails the parent for good when its handler returns
+// it (see ChildError for how to try again with a new child); a wait the
+// parent's queue cannot grant (its slots all lent to waiting parents
+// already) an error matching ErrRecursiveWaitDeadlock.
 func WaitChild[Out any](ctx context.Context, c *Child) (Out, error) {
 	var out Out
 	res, err := waitChild(ctx, c)
@@ -172,7 +192,8 @@ func WaitChild[Out any](ctx context.Context, c *Child) (Out, error) {
 }
 
 // RunChild triggers a child task of kind with input in, waits for it,
-// and returns its output: TriggerChild then WaitChild.
+// and returns its output: TriggerChild then WaitChild. A child that
+// failed or was cancelled returns a *ChildError, as WaitChild does.
 func RunChild[In, Out any](ctx context.Context, kind string, in In, opts ...ChildOption) (Out, error) {
 	var out Out
 	raw, err := json.Marshal(in)
@@ -191,7 +212,8 @@ func RunChild[In, Out any](ctx context.Context, kind string, in In, opts ...Chil
 }
 
 // RunChildWorkflow starts a child run of workflow (its latest version)
-// with input, waits for it, and returns the run's output.
+// with input, waits for it, and returns the run's output. A run that
+// failed or was cancelled returns a *ChildError, as WaitChild does.
 func RunChildWorkflow[Out any](ctx context.Context, workflow string, input any, opts ...ChildOption) (Out, error) {
 	var out Out
 	raw, err := json.Marshal(input)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -130,4 +131,28 @@ func TestChildWaitErrors(t *testing.T) {
 	require.Eventually(t, func() bool { return w.prod.free.Load() == 2 }, waitFor, tick)
 	require.Zero(t, w.prod.lends.waiting.Load())
 	require.True(t, errors.Is(&Error{Code: CodeRecursiveWaitDeadlock, Message: "x"}, ErrRecursiveWaitDeadlock))
+}
+
+// A *ChildError fails the parent's task for good, also wrapped; a
+// handler that does not wrap it (%v) leaves the retry to the server.
+func TestChildErrorIsFinal(t *testing.T) {
+	t.Parallel()
+	failed := &ChildError{TaskID: 12, State: "failed", Message: "boom"}
+	cancelled := &ChildError{RunID: 4, State: "cancelled"}
+	for _, c := range []struct {
+		err     error
+		noRetry bool
+		msg     string
+	}{
+		{failed, true, "child task 12 failed: boom"},
+		{fmt.Errorf("charging: %w", failed), true, "charging: child task 12 failed: boom"},
+		{RetryAfter(fmt.Errorf("x: %w", cancelled), time.Second), true, "x: child run 4 cancelled"},
+		{fmt.Errorf("charging: %v", failed), false, "charging: child task 12 failed: boom"},
+		{errors.New("other"), false, "other"},
+	} {
+		var r TaskResult
+		failResult(&r, c.err)
+		require.Equal(t, c.noRetry, r.NoRetry, "%v", c.err)
+		require.Equal(t, c.msg, r.Error)
+	}
 }

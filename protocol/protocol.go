@@ -97,7 +97,9 @@ type TaskResult struct {
 	Output json.RawMessage `json:"output,omitempty"`
 	// Error, when non-empty, fails the attempt.
 	Error string `json:"error,omitempty"`
-	// NoRetry fails the task without further attempts.
+	// NoRetry fails the task without further attempts: for an error a
+	// retry would meet again, such as a child that failed for good (the
+	// child wait's answer says child_failed).
 	NoRetry bool `json:"no_retry,omitempty"`
 	// RetryAfter overrides the backoff before the next attempt.
 	RetryAfter Duration `json:"retry_after,omitempty"`

@@ -187,14 +187,22 @@ const (
 )
 
 // waitDone answers a wait whose parent has its slots back: the child as
-// it ended.
+// it ended, and whether it failed for good (ChildFailed: failed or
+// cancelled; a task fails only after its last attempt), which tells the
+// parent's worker that retrying the parent would get the same child back.
 func (e *Engine) waitDone(ctx context.Context, child *store.Child) (*sluice.WaitChildResult, error) {
 	res := &sluice.WaitChildResult{Done: true, Phase: string(store.WaitDone)}
 	var err error
 	if child.RunID != 0 {
 		res.Run, err = e.GetRun(ctx, child.RunID)
+		if err == nil {
+			res.ChildFailed = res.Run.State == sluice.RunFailed || res.Run.State == sluice.RunCancelled
+		}
 	} else {
 		res.Task, err = e.GetTask(ctx, child.TaskID)
+		if err == nil {
+			res.ChildFailed = res.Task.State == sluice.StateFailed || res.Task.State == sluice.StateCancelled
+		}
 	}
 	if err != nil {
 		return nil, err

@@ -76,6 +76,7 @@ func TestChildSameQueueLendsSlot(t *testing.T) {
 	require.Equal(t, "done", wr.Phase)
 	require.NotNil(t, wr.Task)
 	require.Equal(t, sluice.StateSucceeded, wr.Task.State)
+	require.False(t, wr.ChildFailed)
 	require.JSONEq(t, `{"n":1}`, string(wr.Task.Output))
 	require.Equal(t, sluice.StateRunning, f.get(parent.ID).State)
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: parent.ID, Attempt: 1}))
@@ -144,6 +145,71 @@ func TestChildRecursiveWaitDeadlock(t *testing.T) {
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: c2, Attempt: 1}))
 	require.True(t, f.waitChild(w, parent.ID, c1, time.Second).Done)
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: parent.ID, Attempt: 1}))
+}
+
+// A wait's answer says when the child failed for good (failed after its
+// last attempt, or cancelled; a child run failed or cancelled): a parent
+// that fails because of it reports no_retry and ends after one attempt.
+// A failed attempt with attempts left is not the child's end.
+func TestChildWaitSaysChildFailed(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	f.apply("name: settle\nsteps:\n  - name: pay\n    kind: decline\n    max_attempts: 1\n")
+	w := f.register("p", "c", "decline")
+	parent := f.trigger(sluice.TriggerParams{Kind: "p", MaxAttempts: 3})
+	f.claimOne(w, parent.ID)
+
+	// A task child with two attempts fails twice.
+	p := kindOn("c", "")
+	p.MaxAttempts = 2
+	res, _ := f.child(w, parent.ID, p)
+	child := res.Task.ID
+	require.False(t, f.waitChild(w, parent.ID, child, 0).Done)
+	f.claimOne(w, child)
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: child, Attempt: 1, Error: "declined"}))
+	wr := f.waitChild(w, parent.ID, child, 0)
+	require.False(t, wr.Done, "a child with attempts left has not ended")
+	require.False(t, wr.ChildFailed)
+	f.clock.Advance(retryDelay)
+	_, err := f.e.PromoteDueOnce(f.ctx)
+	require.NoError(t, err)
+	f.claimOne(w, child)
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: child, Attempt: 2, Error: "declined"}))
+	wr = f.waitChild(w, parent.ID, child, time.Second)
+	require.True(t, wr.Done)
+	require.True(t, wr.ChildFailed)
+	require.Equal(t, sluice.StateFailed, wr.Task.State)
+	require.Equal(t, "declined", wr.Task.Error)
+
+	// A cancelled task child.
+	res, _ = f.child(w, parent.ID, kindOn("c", ""))
+	cancelled := res.Task.ID
+	_, err = f.e.CancelTask(f.ctx, cancelled)
+	require.NoError(t, err)
+	wr = f.waitChild(w, parent.ID, cancelled, time.Second)
+	require.True(t, wr.Done)
+	require.True(t, wr.ChildFailed)
+	require.Equal(t, sluice.StateCancelled, wr.Task.State)
+
+	// A child run that failed.
+	res, _ = f.child(w, parent.ID, sluice.ChildParams{Workflow: "settle"})
+	run := res.Run.ID
+	wr, err = f.e.WaitChild(f.ctx, w, parent.ID, sluice.WaitChildParams{RunID: run})
+	require.NoError(t, err)
+	require.False(t, wr.Done)
+	step := f.waitClaim(w, 1)
+	require.Len(t, step, 1)
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: step[0].ID, Attempt: 1, Error: "declined"}))
+	wr, err = f.e.WaitChild(f.ctx, w, parent.ID, sluice.WaitChildParams{RunID: run, Wait: sluice.Duration(5 * time.Second)})
+	require.NoError(t, err)
+	require.True(t, wr.Done)
+	require.True(t, wr.ChildFailed)
+	require.Equal(t, sluice.RunFailed, wr.Run.State)
+
+	// The parent fails for good, as the answer tells its worker to.
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: parent.ID, Attempt: 1, Error: wr.Run.Error, NoRetry: true}))
+	got := f.get(parent.ID)
+	require.Equal(t, sluice.StateFailed, got.State)
+	require.Equal(t, 1, got.Attempt)
 }
 
 // The same call position returns the same child, created or not.

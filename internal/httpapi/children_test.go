@@ -51,8 +51,21 @@ func TestWaitChild(t *testing.T) {
 	require.True(t, res.Done)
 	require.Equal(t, "done", res.Phase)
 	require.Equal(t, int64(7), res.Task.ID)
+	require.NotContains(t, w.Body.String(), "child_failed", "a child that succeeded")
 	p := f.Calls()[0].Arg.(sluice.WaitChildParams)
 	require.Equal(t, sluice.Duration(60e9), p.Wait, "a wait over 60s is shortened")
+
+	// A child that failed for good says so: its parent should report
+	// no_retry.
+	w = do(h, "POST", "/v1/workers/w1/tasks/5/wait", `{"task_id":8}`, "")
+	require.Equal(t, http.StatusOK, w.Code, w.Body)
+	var raw map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &raw))
+	require.JSONEq(t, `true`, string(raw["child_failed"]))
+	res = sluice.WaitChildResult{}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &res))
+	require.True(t, res.ChildFailed)
+	require.Equal(t, sluice.StateFailed, res.Task.State)
 
 	// A refused wait is 409 with its code.
 	h, f = newAPI(t, httpapi.Options{})

@@ -238,6 +238,10 @@ func (f *fakeBackend) WaitChild(ctx context.Context, workerID string, parentID i
 	}
 	t := fakeTask(p.TaskID, "email")
 	t.State = sluice.StateSucceeded
+	if p.TaskID == 8 { // a child that failed for good
+		t.State, t.Error = sluice.StateFailed, "boom"
+		return &sluice.WaitChildResult{Done: true, Phase: "done", Task: t, ChildFailed: true}, nil
+	}
 	return &sluice.WaitChildResult{Done: true, Phase: "done", Task: t}, nil
 }
 
