@@ -153,7 +153,9 @@ type Task struct {
 	// waits for its slots back (queued or ready, still held by its
 	// worker). Zero otherwise. WaitLent reports that its slot of its
 	// queue (and key) is lent to the child, which runs in the same
-	// sub-queue; otherwise only its environment slot is released.
+	// sub-queue: the slot serves that child alone, and comes back to the
+	// parent when the child ends. Otherwise only its environment slot is
+	// released.
 	WaitTask int64 `json:"wait_task,omitempty"`
 	WaitRun  int64 `json:"wait_run,omitempty"`
 	WaitLent bool  `json:"wait_lent,omitempty"`

@@ -64,7 +64,7 @@ func TestChildSameQueueLendsSlot(t *testing.T) {
 	require.Equal(t, "child", wr.Phase)
 	p := f.get(parent.ID)
 	require.Equal(t, sluice.StateSuspended, p.State)
-	require.Equal(t, fmt.Sprintf("waiting for child task %d (slots released)", child), p.Explain)
+	require.Equal(t, fmt.Sprintf(`waiting for child %d on queue "q" (runs on the slot this task lent)`, child), p.Explain)
 	q, err := f.e.GetQueue(f.ctx, "q")
 	require.NoError(t, err)
 	require.Equal(t, 1, q.Lent)
@@ -107,7 +107,8 @@ func TestChildEnvironmentLimitOne(t *testing.T) {
 	require.Eventually(t, func() bool { return len(f.claim(w, 10)) == 1 }, 10*time.Second, 5*time.Millisecond)
 	p := f.get(parent.ID)
 	require.Equal(t, sluice.StateSuspended, p.State)
-	require.Contains(t, p.Explain, fmt.Sprintf("waiting for child task %d (environment slot released", child))
+	require.Contains(t, p.Explain, fmt.Sprintf("waiting for child %d on queue", child))
+	require.Contains(t, p.Explain, "(environment slot released")
 	start := time.Now()
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: child, Attempt: 1}))
 	select {
@@ -139,12 +140,14 @@ func TestChildRecursiveWaitDeadlock(t *testing.T) {
 	_, err := f.e.WaitChild(f.ctx, w, c1, sluice.WaitChildParams{TaskID: c2})
 	require.ErrorIs(t, err, sluice.ErrRecursiveWaitDeadlock)
 	require.Equal(t, sluice.StateRunning, f.get(c1).State, "a refused wait changes nothing")
-	// Not a hang, and nothing leaks: everything can still finish.
+	// Not a hang, and nothing leaks: everything can still finish. The
+	// slot c1 ran on comes straight back to the parent, ahead of c2.
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: c1, Attempt: 1}))
+	require.True(t, f.waitChild(w, parent.ID, c1, time.Second).Done)
+	require.Equal(t, sluice.StateQueued, f.get(c2).State)
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: parent.ID, Attempt: 1}))
 	f.claimOne(w, c2)
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: c2, Attempt: 1}))
-	require.True(t, f.waitChild(w, parent.ID, c1, time.Second).Done)
-	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: parent.ID, Attempt: 1}))
 }
 
 // A wait's answer says when the child failed for good (failed after its
@@ -326,4 +329,39 @@ func TestChildCascadeOnStrategyCancel(t *testing.T) {
 	require.Equal(t, sluice.StateCancelled, f.get(parent.ID).State, "the oldest running task of the key gave way")
 	require.Equal(t, sluice.StateCancelled, f.get(child).State, "and its child with it")
 	require.Contains(t, []sluice.TaskState{sluice.StateReady, sluice.StateQueued}, f.get(newer.ID).State)
+}
+
+// A child whose parent holds its lent slot for it waits only for what
+// else stops it (here the environment), and says so; it takes the next
+// environment slot ahead of tasks that never ran, and its parent's
+// explain follows it.
+func TestChildExplainLentSlot(t *testing.T) {
+	f := newFixture(t, engine.Config{MaxRunning: 1})
+	f.putQueue("q", 1)
+	w := f.register("p", "x")
+	parent := f.trigger(sluice.TriggerParams{Kind: "p", Queue: "q"})
+	f.claimOne(w, parent.ID)
+	_, err := f.e.PauseQueue(f.ctx, "q")
+	require.NoError(t, err)
+	res, _ := f.child(w, parent.ID, kindOn("p", "q"))
+	child := res.Task.ID
+	require.False(t, f.waitChild(w, parent.ID, child, 0).Done)
+	require.Contains(t, f.get(parent.ID).Explain, fmt.Sprintf(`waiting for child %d on queue "q" (the slot this task lent is held for it; the child: queue "q" paused)`, child))
+
+	x := f.trigger(sluice.TriggerParams{Kind: "x", Queue: "x"})
+	require.Equal(t, sluice.StateReady, f.get(x.ID).State, "the environment slot the parent gave back")
+	_, err = f.e.ResumeQueue(f.ctx, "q")
+	require.NoError(t, err)
+	c := f.get(child)
+	require.Equal(t, sluice.StateQueued, c.State)
+	require.Equal(t, fmt.Sprintf(`parent task %d holds the slot it lent for it: it starts on it ahead of queue "q"'s order once nothing else stops it (environment 1/1 running)`, parent.ID), c.Explain)
+	y := f.trigger(sluice.TriggerParams{Kind: "x", Queue: "y"})
+	require.Equal(t, sluice.StateQueued, f.get(y.ID).State)
+
+	f.claimOne(w, x.ID)
+	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: x.ID, Attempt: 1}))
+	require.Equal(t, sluice.StateReady, f.get(child).State, "the child goes first: y never ran")
+	require.Equal(t, sluice.StateQueued, f.get(y.ID).State)
+	require.Equal(t, fmt.Sprintf(`waiting for child %d on queue "q" (runs on the slot this task lent)`, child), f.get(parent.ID).Explain)
+	f.checkCounters()
 }

@@ -13,7 +13,10 @@ import (
 // Explain says why a non-terminal task is not running (S-FC9), or what it
 // is doing. It is empty for finished tasks.
 func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
-	if t.State == sluice.StateSuspended || (t.State == sluice.StateReady && waitingOnChild(t)) {
+	if t.State == sluice.StateSuspended {
+		return e.explainWaitingParent(ctx, t)
+	}
+	if t.State == sluice.StateReady && waitingOnChild(t) {
 		return explainChild(t, ""), nil
 	}
 	switch t.State {
@@ -40,6 +43,9 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 			why, err := e.explainQueued(ctx, t)
 			return explainChild(t, why), err
 		}
+		if why, err := e.explainLentTo(ctx, t); why != "" || err != nil {
+			return why, err
+		}
 		return e.explainQueued(ctx, t)
 	case sluice.StateReady:
 		ok, err := e.st.KindHasWorker(ctx, t.Kind)
@@ -64,6 +70,12 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 
 // explainQueued explains a queued task: what it waits for.
 func (e *Engine) explainQueued(ctx context.Context, t *sluice.Task) (string, error) {
+	return e.explainQueuedFor(ctx, t, false)
+}
+
+// explainQueuedFor is explainQueued; onLent leaves out the queue's limit
+// (a child with a lent slot held for it).
+func (e *Engine) explainQueuedFor(ctx context.Context, t *sluice.Task, onLent bool) (string, error) {
 	sq, err := e.st.SubqueueStatus(ctx, t.ID)
 	if err != nil {
 		return "", err
@@ -71,7 +83,7 @@ func (e *Engine) explainQueued(ctx context.Context, t *sluice.Task) (string, err
 	if sq.Paused {
 		return fmt.Sprintf("queue %q paused", t.Queue), nil
 	}
-	if sq.Limit != nil && sq.Running >= *sq.Limit {
+	if !onLent && sq.Limit != nil && sq.Running >= *sq.Limit {
 		if sq.ConcurrencyKey != "" {
 			return fmt.Sprintf("key %q %d/%d running in queue %q", sq.ConcurrencyKey, sq.Running, *sq.Limit, sq.Queue), nil
 		}
@@ -108,4 +120,74 @@ func (e *Engine) explainWaiting(ctx context.Context, t *sluice.Task) (string, er
 			s.Name, run.ID, s.Active, s.Window, s.Waiting), nil
 	}
 	return fmt.Sprintf("waiting for room in the window of step %q of run %d", t.Step, t.RunID), nil
+}
+
+// explainWaitingParent explains a parent suspended while it waits for a
+// child: where the child runs and what became of the slot it lent or
+// kept (store/flow/lend.go), or, its child ended, what it waits for.
+func (e *Engine) explainWaitingParent(ctx context.Context, t *sluice.Task) (string, error) {
+	if t.WaitTask == 0 {
+		return explainChild(t, ""), nil
+	}
+	c, err := e.st.GetTask(ctx, t.WaitTask)
+	if err != nil {
+		return "", err
+	}
+	child := fmt.Sprintf("child %d on queue %q", c.ID, c.Queue)
+	if c.ConcurrencyKey != "" {
+		child += fmt.Sprintf(" key %q", c.ConcurrencyKey)
+	}
+	started := c.State == sluice.StateReady || c.State == sluice.StateRunning || c.State == sluice.StateSuspended
+	switch {
+	case t.WaitLent && c.State.Terminal():
+		return fmt.Sprintf("%s ended; the slot this task lent is still held further down its family: it gets the next slot of queue %q, ahead of the queue's waiting tasks",
+			child, t.Queue), nil
+	case t.WaitLent && started:
+		return fmt.Sprintf("waiting for %s (runs on the slot this task lent)", child), nil
+	case t.WaitLent:
+		why, err := e.Explain(ctx, c)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("waiting for %s (the slot this task lent is held for it; the child: %s)", child, why), nil
+	case c.State.Terminal():
+		env, err := e.st.EnvStatus(ctx)
+		if err != nil {
+			return "", err
+		}
+		if env.MaxRunning > 0 && env.Running >= env.MaxRunning {
+			return fmt.Sprintf("%s ended; waiting for an environment slot (environment %d/%d running), ahead of tasks that never ran",
+				child, env.Running, env.MaxRunning), nil
+		}
+		return fmt.Sprintf("%s ended; it runs again at its worker %s's next wait call", child, t.WorkerID), nil
+	}
+	return fmt.Sprintf("waiting for %s (environment slot released; its slot of queue %q kept: the child runs on another queue or key)", child, t.Queue), nil
+}
+
+// explainLentTo explains a queued child whose parent holds the slot it
+// lent for it (store/flow/lend.go): it starts on that slot, ahead of its
+// queue's order, as soon as it has an environment slot (and its rate
+// allows). Empty for any other task.
+func (e *Engine) explainLentTo(ctx context.Context, t *sluice.Task) (string, error) {
+	cs, err := e.childStore()
+	if err != nil {
+		return "", nil // a store without children: no parent to hold a slot
+	}
+	link, err := cs.ParentOf(ctx, t.ID, 0)
+	if err != nil || link == nil {
+		return "", err
+	}
+	p, err := e.st.GetTask(ctx, link.ParentID)
+	if err != nil {
+		return "", err
+	}
+	if p.State != sluice.StateSuspended || !p.WaitLent || p.WaitTask != t.ID {
+		return "", nil
+	}
+	why, err := e.explainQueuedFor(ctx, t, true)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("parent task %d holds the slot it lent for it: it starts on it ahead of queue %q's order once nothing else stops it (%s)",
+		p.ID, t.Queue, why), nil
 }

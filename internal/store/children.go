@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // Child tasks and waits. A running task (the parent) may trigger children
@@ -15,17 +16,20 @@ import (
 //
 //   - running → suspended: the parent gives back its environment slot;
 //     if its child is a task of the same sub-queue (queue and key) and
-//     the sub-queue has a limit, its sub-queue slot too ("lent"), unless
-//     the sub-queue already lends as many slots as its limit: then the
-//     wait is refused with sluice.CodeRecursiveWaitDeadlock and nothing
-//     changes;
-//   - once the child ended, the parent takes its slots back: at once
-//     where there is room (and, for a lent slot, nothing waits ahead of
-//     it in its sub-queue), else it waits on its sub-queue's wait list
-//     like any queued task, still held by its worker (tasks.worker_id
-//     set), the refill makes it ready, and the next wait call of its
-//     worker moves it to running. No claim ever takes a ready task held
-//     by a worker.
+//     the sub-queue has a limit, it lends its sub-queue slot to that
+//     child, and to no other task (flow/lend.go), unless the sub-queue
+//     already lends as many slots as its limit: then the wait is refused
+//     with sluice.CodeRecursiveWaitDeadlock and nothing changes. A wait
+//     that keeps its slot (a child elsewhere) is refused the same way
+//     when it would close a cycle of waits that no slot can break
+//     (waitgraph.go);
+//   - once the child ended (its lent slot came straight back), the
+//     parent takes its environment slot back at its worker's next wait
+//     call where there is room; else it waits for one in the refill's
+//     lane, ahead of every task that never ran, which makes it ready,
+//     still held by its worker (tasks.worker_id set), and the next wait
+//     call of its worker moves it to running. No claim ever takes a
+//     ready task held by a worker.
 //
 // A suspended parent stays leased to its worker: the worker's lease
 // covers it, and when the lease expires the sweeper ends its attempt as
@@ -155,10 +159,9 @@ type WaitingParent struct {
 	CancelRequested bool
 	WaitTask        *int64
 	WaitRun         *int64
-	Lent            bool
-	// SQLent is how many slots its sub-queue lends (the PostgreSQL store
-	// reads it with the parent).
-	SQLent int64
+	// Hold is what it holds of its sub-queue while it waits (the column
+	// wait_lent).
+	Hold flow.Hold
 }
 
 // ChildEnd is what a WaitStep reads of the child: its state (a task's,
@@ -174,8 +177,8 @@ func (c ChildEnd) Ended() bool {
 }
 
 // WaitMove is the move a WaitStep makes: From → To (equal: none). A move
-// from suspended is a resume, whose target (running, or the wait list)
-// the store decides by the room it finds.
+// from suspended is a resume, whose target (running, or the refill's
+// lane) flow.Counters.Resume decides by the room it finds.
 type WaitMove struct {
 	Phase    WaitPhase
 	From, To sluice.TaskState

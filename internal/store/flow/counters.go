@@ -38,13 +38,15 @@ const FillScan = 64
 // Env is the environment row: the limit on tasks holding slots, its
 // counters, and the fair-queueing and round-robin clocks.
 type Env struct {
-	maxRunning, running, active, vtime, rr int64
-	dirty                                  bool
+	maxRunning, running, active, vtime, rr, lane int64
+	dirty                                        bool
 }
 
 // Dest is the scan destination of the columns max_running, running,
-// active, vtime, rr.
-func (e *Env) Dest() []any { return []any{&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr} }
+// active, vtime, rr, lane.
+func (e *Env) Dest() []any {
+	return []any{&e.maxRunning, &e.running, &e.active, &e.vtime, &e.rr, &e.lane}
+}
 
 // MaxRunning is the environment limit on tasks holding slots (0: none).
 func (e *Env) MaxRunning() int64 { return e.maxRunning }
@@ -61,6 +63,12 @@ func (e *Env) VTime() int64 { return e.vtime }
 
 // RR is the round-robin clock: the sub-queue served last has this rr.
 func (e *Env) RR() int64 { return e.rr }
+
+// Lane is the number of suspended parents in the refill's lane (lend.go):
+// holding a slot for a child that has not started on it, or waiting for
+// an environment slot after their child ended. The refill reads them
+// only while there are some.
+func (e *Env) Lane() int64 { return e.lane }
 
 // HasRoom reports whether a task may take a slot of the environment.
 func (e *Env) HasRoom() bool { return e.maxRunning == 0 || e.running < e.maxRunning }
@@ -90,15 +98,20 @@ type Subqueue struct {
 	paused                     bool
 	running, queued, rr, vtime int64
 	rate                       rateCols // rate.go
+	lent                       int64    // lend.go
 	dirty                      bool
 }
 
 // Dest is the scan destination of the columns id, queue, ckey, lim,
-// paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait.
+// paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent.
 func (q *Subqueue) Dest() []any {
 	return []any{&q.id, &q.queue, &q.key, &q.limit, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime,
-		&q.rate.bucket, &q.rate.limit, &q.rate.periodUS, &q.rate.waitUntil}
+		&q.rate.bucket, &q.rate.limit, &q.rate.periodUS, &q.rate.waitUntil, &q.lent}
 }
+
+// Lent is the number of the sub-queue's slots lent by parents waiting
+// for a child of the sub-queue (lend.go): at most its limit.
+func (q *Subqueue) Lent() int64 { return q.lent }
 
 // ID is the sub-queue's id.
 func (q *Subqueue) ID() int64 { return q.id }
@@ -214,6 +227,7 @@ type Counters struct {
 	Env *Env
 
 	readied, ended int
+	touched        map[int64]*Subqueue // lend.go
 	sqs            map[int64]*Subqueue
 	byKey          map[[2]string]*Subqueue
 	queues         map[string]*Queue
@@ -370,6 +384,9 @@ func (c *Counters) MoveN(sq *Subqueue, q *Queue, from, to sluice.TaskState, n in
 	}
 	if err := c.check(e, sq, q, from, to); err != nil {
 		return 0, err
+	}
+	if sq != nil && sq.lent > 0 {
+		c.touch(sq) // its lending parents are reconciled (lend.go)
 	}
 	if e.Slot > 0 && to == sluice.StateReady {
 		// A new slot: the tasks join fair queueing after the sub-queue's

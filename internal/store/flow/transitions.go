@@ -93,8 +93,8 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{sluice.StateRunning, sluice.StateReady}:     {},
 
 	// Running → suspended: the task waits for a child (WaitStep). It
-	// gives back its environment slot and keeps its sub-queue's, unless
-	// it lends that too (Counters.Lend, before the move back: Unlend).
+	// gives back its environment slot and keeps its sub-queue's: a slot
+	// it lends to its child is counted by its hold (lend.go), not here.
 	{sluice.StateRunning, sluice.StateSuspended}: {Env: -1},
 
 	// Suspended (holds its sub-queue slot, not the environment's; still
@@ -104,7 +104,11 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	// its worker's wait call runs it); or its attempt ends while it
 	// waits — a result, a cancel, a gone worker — in a final state or
 	// for a retry, as a running task's would.
-	{sluice.StateSuspended, sluice.StateRunning}:   {Env: +1},
+	{sluice.StateSuspended, sluice.StateRunning}: {Env: +1},
+	// Its child ended and, with the environment full, it waited in the
+	// refill's lane (flow.Counters.Rejoin): ready, still held by its
+	// worker, whose next wait step runs it.
+	{sluice.StateSuspended, sluice.StateReady}:     {Env: +1},
 	{sluice.StateSuspended, sluice.StateQueued}:    {Slot: -1, Env: +1, Queued: +1},
 	{sluice.StateSuspended, sluice.StateScheduled}: {Slot: -1, Env: +1},
 	{sluice.StateSuspended, sluice.StatePaused}:    {Slot: -1, Env: +1},

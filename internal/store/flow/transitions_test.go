@@ -70,7 +70,8 @@ var allowed = map[[2]sluice.TaskState]string{
 
 	{sluice.StateRunning, sluice.StateSuspended}:   "WaitStep: waits for a child",
 	{sluice.StateSuspended, sluice.StateRunning}:   "WaitStep: child ended, room",
-	{sluice.StateSuspended, sluice.StateQueued}:    "WaitStep: child ended, no room; SweepExpired, retry at once",
+	{sluice.StateSuspended, sluice.StateReady}:     "the refill's lane: child ended, an environment slot came free",
+	{sluice.StateSuspended, sluice.StateQueued}:    "SweepExpired, retry at once",
 	{sluice.StateSuspended, sluice.StateScheduled}: "SweepExpired, retry after a backoff",
 	{sluice.StateSuspended, sluice.StatePaused}:    "SweepExpired, retry at once, queue paused",
 	{sluice.StateSuspended, sluice.StateSucceeded}: "Complete while suspended",
@@ -220,6 +221,7 @@ func ExampleRows() {
 	// running   → paused    slot -1
 	// suspended → scheduled slot -1, env slot +1
 	// suspended → queued    slot -1, env slot +1, queued +1
+	// suspended → ready     env slot +1
 	// suspended → running   env slot +1
 	// suspended → succeeded slot -1, env slot +1, active -1
 	// suspended → failed    slot -1, env slot +1, active -1

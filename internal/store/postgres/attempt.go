@@ -31,11 +31,11 @@ type runningTask struct {
 	sq        *flow.Subqueue
 	q         *flow.Queue
 	// from is the state of a task its worker holds while it waits for a
-	// child (suspended, or waiting for its slots back), lent whether it
-	// lent its sub-queue slot; running for a running task
+	// child (suspended, or waiting for its slots back), hold what it
+	// holds of its sub-queue (flow.Hold); running for a running task
 	// (heldToRunning).
 	from sluice.TaskState
-	lent bool
+	hold flow.Hold
 	// next is the chain of tasks reserved after this one (handover;
 	// chainSQL): ending the attempt returns them to the wait list
 	// (unreserveAfter) unless the caller hands over to the first, which
@@ -70,7 +70,7 @@ func runningSelect(where string) string {
 	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue,
 			t.step_id IS NOT NULL AS run, t.run_id, t.state, t.wait_lent
 		FROM tasks t WHERE ` + where + `)
-	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, t.run_id, t.state, t.wait_lent = 1,
+	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, t.run_id, t.state, t.wait_lent,
 		CASE WHEN t.run_id IS NULL THEN false ELSE EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id AND r.state = 'paused') END, ` +
 		sqCols + `, ` + qCols + `, ` + chainSQL + `
 	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
@@ -80,7 +80,7 @@ func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
 	sq, q := &flow.Subqueue{}, &flow.Queue{}
 	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS, &r.run,
-		&r.runID, &r.from, &r.lent, &r.runPaused}, sq.Dest()...)
+		&r.runID, &r.from, &r.hold, &r.runPaused}, sq.Dest()...)
 	if err := rows.Scan(append(append(dest, q.Dest()...), &r.next)...); err != nil {
 		return nil, err
 	}

@@ -127,11 +127,10 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 		var p store.WaitingParent
 		var worker *string
 		var state string
-		var lent int
 		sq, q := &flow.Subqueue{}, &flow.Queue{}
-		found, err := t.queryRow("waiting", `SELECT t.state, t.worker_id, t.sq, t.queue, t.cancel_requested, t.wait_task, t.wait_run, t.wait_lent, s.lent, `+
+		found, err := t.queryRow("waiting", `SELECT t.state, t.worker_id, t.sq, t.queue, t.cancel_requested, t.wait_task, t.wait_run, t.wait_lent, `+
 			sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue WHERE t.id = $1`,
-			[]any{parentID}, append(append([]any{&state, &worker, &p.SQ, &p.Queue, &p.CancelRequested, &p.WaitTask, &p.WaitRun, &lent, &p.SQLent},
+			[]any{parentID}, append(append([]any{&state, &worker, &p.SQ, &p.Queue, &p.CancelRequested, &p.WaitTask, &p.WaitRun, &p.Hold},
 				sq.Dest()...), q.Dest()...)...)
 		if err != nil {
 			return err
@@ -139,7 +138,7 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 		if !found {
 			return sluice.NotFound("task %d not found", parentID)
 		}
-		p.ID, p.State, p.Lent = parentID, sluice.TaskState(state), lent == 1
+		p.ID, p.State = parentID, sluice.TaskState(state)
 		var c store.ChildEnd
 		if child.TaskID != 0 {
 			found, err = t.queryRow("waiting", `SELECT state, sq FROM tasks WHERE id = $1`, []any{child.TaskID}, &c.State, &c.SQ)
@@ -156,7 +155,7 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 		if err != nil {
 			return err
 		}
-		phase, lentNow, err := t.waitMove(&p, child, step, t.UseSubqueue(sq), t.UseQueue(q))
+		phase, lentNow, err := t.waitMove(&p, child, c, step, t.UseSubqueue(sq), t.UseQueue(q))
 		out = &store.WaitOutcome{Phase: phase, Lent: lentNow, ChildState: c.State}
 		return err
 	})
@@ -165,25 +164,35 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 
 // waitMove applies a wait step's move (store.WaitingParent.Step) and
 // returns where the parent stands and whether it lends its slot.
-func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.WaitMove, sq *flow.Subqueue, q *flow.Queue) (store.WaitPhase, bool, error) {
+func (t *txn) waitMove(p *store.WaitingParent, child store.Child, c store.ChildEnd, step store.WaitMove, sq *flow.Subqueue, q *flow.Queue) (store.WaitPhase, bool, error) {
 	if step.From == step.To {
-		return step.Phase, p.Lent, nil // nothing moves: the parent waits on
+		return step.Phase, p.Hold.Lends(), nil // nothing moves: the parent waits on
 	}
 	switch step.From {
 	case sluice.StateRunning:
-		lent, err := t.Suspend(sq, q, step.Lend, p.SQLent)
+		if !step.Lend && sq.Limit() != nil {
+			// It keeps its slot while it waits: refused if that closes a
+			// cycle of waits (store/waitgraph.go).
+			cyc, err := store.FindWaitCycle(t, p.ID, p.SQ, store.WaitTask{ID: child.TaskID, SQ: c.SQ, State: sluice.TaskState(c.State)}, child.RunID)
+			if err != nil {
+				return "", false, err
+			}
+			if cyc != nil {
+				return "", false, cyc.Error(p.ID, child)
+			}
+		}
+		hold, err := t.Suspend(sq, q, step.Lend)
 		if errors.Is(err, flow.ErrLendFull) {
 			return "", false, store.RecursiveWaitDeadlock(p.ID, sq.Queue(), sq.Key(), *sq.Limit())
 		}
 		if err != nil {
 			return "", false, err
 		}
-		t.addLent(p.SQ, lent, +1)
 		// It started long ago: no dispatch deadline applies to it when it
 		// waits for its slots back.
 		t.exec("suspending", `UPDATE tasks SET state = 'suspended', wait_task = $1, wait_run = $2, wait_lent = $3, dispatch_deadline_at = NULL WHERE id = $4`,
-			store.NullID(child.TaskID), store.NullID(child.RunID), boolInt(lent), p.ID)
-		return store.WaitChild, lent, nil
+			store.NullID(child.TaskID), store.NullID(child.RunID), int(hold), p.ID)
+		return store.WaitChild, hold.Lends(), nil
 	case sluice.StateReady:
 		// Its slots are back (the refill promoted it): running again.
 		if err := flow.Uncounted(sluice.StateReady, sluice.StateRunning); err != nil {
@@ -193,31 +202,73 @@ func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.Wai
 		return store.WaitDone, false, nil
 	}
 	// Resume (from suspended): the child ended.
-	to, err := t.Resume(sq, q, p.Lent)
+	to, hold, err := t.Resume(sq, q, p.Hold)
 	if err != nil {
 		return "", false, err
 	}
-	t.addLent(p.SQ, p.Lent, -1)
 	if to == sluice.StateRunning {
 		t.exec("resuming", `UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = $1`, p.ID)
 		return store.WaitDone, false, nil
 	}
-	t.exec("resuming", `UPDATE tasks SET state = $1, paused_from = $2, wait_lent = 0 WHERE id = $3`, string(to), flow.PausedFrom(to), p.ID)
+	t.exec("resuming", `UPDATE tasks SET wait_lent = $1 WHERE id = $2`, int(hold), p.ID)
 	return store.WaitSlots, false, nil
 }
 
-// addLent adds d to sub-queue sq's count of lent slots, if lent.
-func (t *txn) addLent(sq int64, lent bool, d int) {
-	if lent {
-		t.exec("lending", `UPDATE subqueues SET lent = lent + $1 WHERE id = $2`, d, sq)
+// The cycle check's reads (store.WaitReader). Writers serialise on the
+// env row today; the sub-queue rows read are locked all the same (FOR
+// UPDATE), so the check stays sound when they no longer do: two waits
+// that close one cycle from both ends read each other's sub-queue.
+var _ store.WaitReader = (*txn)(nil)
+
+// WaitSubqueue reads a sub-queue for the cycle check.
+func (t *txn) WaitSubqueue(id int64) (store.WaitSubqueue, error) {
+	sq := t.HeldSubqueue(id)
+	if sq == nil {
+		sq = &flow.Subqueue{}
+		found, err := t.queryRow("reading sub-queue", `SELECT `+sqCols+` FROM subqueues s WHERE s.id = $1 FOR UPDATE`, []any{id}, sq.Dest()...)
+		if err != nil {
+			return store.WaitSubqueue{}, err
+		}
+		if !found {
+			return store.WaitSubqueue{}, fmt.Errorf("reading sub-queue %d: not found", id)
+		}
+		sq = t.UseSubqueue(sq)
 	}
+	return store.WaitSubqueue{ID: id, Queue: sq.Queue(), Key: sq.Key(), Limit: sq.Limit()}, nil
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+// Waiters reads a sub-queue's suspended tasks for the cycle check.
+func (t *txn) Waiters(sq int64) ([]store.Waiter, error) {
+	var out []store.Waiter
+	err := t.query("waiting parents", `SELECT p.id, p.wait_lent, coalesce(p.wait_task, 0), coalesce(p.wait_run, 0), coalesce(c.state, ''), coalesce(c.sq, 0)
+		FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task WHERE p.sq = $1 AND p.state = 'suspended'`, []any{sq}, func(rows pgx.Rows) error {
+		var w store.Waiter
+		var state string
+		if err := rows.Scan(&w.ID, &w.Hold, &w.Child.ID, &w.RunID, &state, &w.Child.SQ); err != nil {
+			return err
+		}
+		w.Child.State = sluice.TaskState(state)
+		out = append(out, w)
+		return nil
+	})
+	return out, err
+}
+
+// RunTasks reads a run's unfinished tasks for the cycle check.
+func (t *txn) RunTasks(runID int64) ([]store.WaitTask, error) {
+	var out []store.WaitTask
+	err := t.query("run tasks", `SELECT id, sq, state FROM tasks WHERE run_id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')`, []any{runID},
+		func(rows pgx.Rows) error {
+			var w store.WaitTask
+			var state string
+			if err := rows.Scan(&w.ID, &w.SQ, &state); err != nil {
+				return err
+			}
+			w.State = sluice.TaskState(state)
+			out = append(out, w)
+			return nil
+		})
+	return out, err
 }
 
 // heldToRunning brings the counters of a task its worker holds while it
@@ -225,8 +276,147 @@ func boolInt(b bool) int {
 // attempt (endAttempt) releases exactly what it holds
 // (flow.Counters.HeldToRunning).
 func (t *txn) heldToRunning(r *runningTask) error {
-	t.addLent(r.sq.ID(), r.from == sluice.StateSuspended && r.lent, -1)
-	return t.HeldToRunning(r.sq, r.q, r.from, r.lent)
+	return t.HeldToRunning(r.sq, r.q, r.from, r.hold)
+}
+
+// reconcileLends brings the lending parents of the sub-queues whose tasks
+// moved in this transaction in step with their children
+// (flow.Counters.Reconcile): a child's end gives its slot straight back
+// to its parent, before the refill sees it free. Parents owed a slot
+// (flow.HoldOwed) come last: a slot a child gave back is its own
+// parent's first. One round trip, only when a sub-queue that lends had a
+// task moved.
+func (t *txn) reconcileLends() (bool, error) {
+	touched := t.Touched()
+	if len(touched) == 0 {
+		return false, nil
+	}
+	ids := make([]int64, len(touched))
+	for i, sq := range touched {
+		ids[i] = sq.ID()
+	}
+	type pair struct {
+		parent, sq int64
+		hold       flow.Hold
+		child      string
+	}
+	var pairs []pair
+	err := t.query("lent slots", `SELECT p.id, p.sq, p.wait_lent, coalesce(c.state, '') FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task
+		WHERE p.sq = ANY($1) AND p.wait_lent IN (1, 2, 4) ORDER BY p.wait_lent = 4, p.id`, []any{ids}, func(rows pgx.Rows) error {
+		var x pair
+		if err := rows.Scan(&x.parent, &x.sq, &x.hold, &x.child); err != nil {
+			return err
+		}
+		pairs = append(pairs, x)
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	changed := false
+	for _, x := range pairs {
+		sq := t.HeldSubqueue(x.sq)
+		if to := t.Reconcile(sq, x.hold, sluice.TaskState(x.child)); to != x.hold {
+			changed = true
+			t.exec("lent slots", `UPDATE tasks SET wait_lent = $1 WHERE id = $2`, int(to), x.parent)
+		}
+	}
+	return changed, nil
+}
+
+// lane serves the refill's lane before any sub-queue's wait list, in
+// the parents' order: a child whose parent holds its slot for it moves
+// onto the slot (flow.Counters.Hand), and a parent whose child ended
+// takes an environment slot (flow.Counters.Rejoin). One round trip, only
+// while the lane holds any (env.lane); the first flow.FillBatch of the
+// lane, the rest in the next transactions.
+func (t *txn) lane() error {
+	if t.Env.Lane() == 0 {
+		return nil
+	}
+	type entry struct {
+		parent, child int64
+		hold          flow.Hold
+		childState    string
+		sq            *flow.Subqueue
+		q             *flow.Queue
+	}
+	var lane []entry
+	err := t.query("refill lane", `SELECT p.id, p.wait_lent, coalesce(c.id, 0), coalesce(c.state, ''), `+sqCols+`, `+qCols+`
+		FROM (SELECT id, wait_lent, wait_task, sq, queue FROM tasks WHERE wait_lent IN (2, 3, 4) ORDER BY id LIMIT $1) p
+		LEFT JOIN tasks c ON c.id = p.wait_task JOIN subqueues s ON s.id = p.sq JOIN queues q ON q.name = p.queue
+		ORDER BY p.id`, []any{flow.FillBatch}, func(rows pgx.Rows) error {
+		e := entry{sq: &flow.Subqueue{}, q: &flow.Queue{}}
+		if err := rows.Scan(append(append([]any{&e.parent, &e.hold, &e.child, &e.childState}, e.sq.Dest()...), e.q.Dest()...)...); err != nil {
+			return err
+		}
+		lane = append(lane, e)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, e := range lane {
+		if e.hold != flow.HoldOwed && !t.Env.HasRoom() {
+			continue // it needs an environment slot
+		}
+		if e.hold == flow.HoldMarked && e.childState != string(sluice.StateQueued) {
+			continue // its child does not wait on the wait list (yet)
+		}
+		sq, q := t.UseSubqueue(e.sq), t.UseQueue(e.q)
+		if e.hold == flow.HoldOwed {
+			// The next slot of its sub-queue is its own, if there is one.
+			if to := t.Reconcile(sq, e.hold, sluice.TaskState(e.childState)); to != e.hold {
+				t.exec("refill lane", `UPDATE tasks SET wait_lent = $1 WHERE id = $2`, int(to), e.parent)
+			}
+			continue
+		}
+		if e.hold == flow.HoldEnvWait {
+			if err := t.Rejoin(sq, q); err != nil {
+				return err
+			}
+			t.exec("refill lane", `UPDATE tasks SET state = 'ready', wait_lent = 0 WHERE id = $1`, e.parent)
+			continue
+		}
+		if !t.CanHand(sq) {
+			continue
+		}
+		if sq.Rated() {
+			most, err := t.rateAllowance(sq)
+			if err != nil {
+				return err
+			}
+			if most == 0 {
+				continue
+			}
+		}
+		rank, err := t.Hand(sq, q)
+		if err != nil {
+			return err
+		}
+		t.exec("refill lane", `UPDATE tasks SET state = 'ready', rank = $1, rated = $2 WHERE id = $3`, rank, sq.Rated(), e.child)
+		t.exec("refill lane", `UPDATE tasks SET wait_lent = $1 WHERE id = $2`, int(flow.HoldLent), e.parent)
+	}
+	return nil
+}
+
+// touchLending marks the sub-queues of a queue that lend slots as
+// touched, after a set-based move of its tasks (a pause), so their
+// lending parents are reconciled.
+func (t *txn) touchLending(queue string) error {
+	var sqs []*flow.Subqueue
+	err := t.query("lent slots", `SELECT `+sqCols+` FROM subqueues s WHERE s.queue = $1 AND s.lent > 0`, []any{queue}, func(rows pgx.Rows) error {
+		sq := &flow.Subqueue{}
+		if err := rows.Scan(sq.Dest()...); err != nil {
+			return err
+		}
+		sqs = append(sqs, sq)
+		return nil
+	})
+	for _, sq := range sqs {
+		t.Touch(t.UseSubqueue(sq))
+	}
+	return err
 }
 
 // heldSuccess ends, as a success, the attempt of a parent held by its

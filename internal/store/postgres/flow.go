@@ -25,7 +25,7 @@ import (
 // statement.
 
 // sqCols are a sub-queue's columns, table alias s (flow.Subqueue.Dest).
-const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime, s.rbucket, s.rlim, s.rper, s.rwait`
+const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime, s.rbucket, s.rlim, s.rper, s.rwait, s.lent`
 
 // qCols are a queue's columns, table alias q (flow.Queue.Dest).
 const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active, q.strategy`
@@ -70,17 +70,18 @@ func (t *txn) queue(name string, create bool) (*flow.Queue, error) {
 func (t *txn) flush() {
 	env, sqs, qs := t.Dirty()
 	if env != nil {
-		t.exec("writing env", `UPDATE env SET max_running = $1, running = $2, active = $3, vtime = $4, rr = $5 WHERE id = 1`,
-			env.MaxRunning(), env.Running(), env.Active(), env.VTime(), env.RR())
+		t.exec("writing env", `UPDATE env SET max_running = $1, running = $2, active = $3, vtime = $4, rr = $5, lane = $6 WHERE id = 1`,
+			env.MaxRunning(), env.Running(), env.Active(), env.VTime(), env.RR(), env.Lane())
 	}
 	if len(sqs) > 0 {
-		ids, running, queued, rr, vtime := make([]int64, len(sqs)), make([]int64, len(sqs)), make([]int64, len(sqs)), make([]int64, len(sqs)), make([]int64, len(sqs))
+		n := len(sqs)
+		ids, running, queued, rr, vtime, lent := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 		for i, q := range sqs {
-			ids[i], running[i], queued[i], rr[i], vtime[i] = q.ID(), q.Running(), q.Queued(), q.RR(), q.VTime()
+			ids[i], running[i], queued[i], rr[i], vtime[i], lent[i] = q.ID(), q.Running(), q.Queued(), q.RR(), q.VTime(), q.Lent()
 		}
-		t.exec("writing sub-queues", `UPDATE subqueues s SET running = v.running, queued = v.queued, rr = v.rr, vtime = v.vtime
-			FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) AS v(id, running, queued, rr, vtime)
-			WHERE s.id = v.id`, ids, running, queued, rr, vtime)
+		t.exec("writing sub-queues", `UPDATE subqueues s SET running = v.running, queued = v.queued, rr = v.rr, vtime = v.vtime, lent = v.lent
+			FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[]) AS v(id, running, queued, rr, vtime, lent)
+			WHERE s.id = v.id`, ids, running, queued, rr, vtime, lent)
 	}
 	if len(qs) > 0 {
 		names, active := make([]string, len(qs)), make([]int64, len(qs))
@@ -158,6 +159,30 @@ func (t *txn) queueEligibleExcept(held []int64) *eligibleRead {
 // did not see as eligible can only have become so through this
 // transaction's own changes, which its copy holds.
 func (t *txn) refill(pre *eligibleRead) error {
+	// Lent slots first (children.go): pairs reconciled after their
+	// children moved, then the lane, ahead of every task that never ran.
+	if _, err := t.reconcileLends(); err != nil {
+		return err
+	}
+	if err := t.lane(); err != nil {
+		return err
+	}
+	for {
+		if err := t.refillQueues(pre); err != nil {
+			return err
+		}
+		pre = nil
+		// A promotion in a sub-queue that lends may free a slot held
+		// for a child that had started elsewhere.
+		changed, err := t.reconcileLends()
+		if err != nil || !changed {
+			return err
+		}
+	}
+}
+
+// refillQueues is the refill of the sub-queues' wait lists (refill).
+func (t *txn) refillQueues(pre *eligibleRead) error {
 	more := true    // a read may have left eligible sub-queues out
 	var bound int64 // until a read comes back short: the last read's end
 	for t.Env.HasRoom() {

@@ -151,7 +151,10 @@ func (t *txn) pauseTasks(name string) error {
 	}
 	t.exec("pausing queue", `UPDATE subqueues SET queued = 0 WHERE queue = $1`, name)
 	t.exec("pausing queue", `UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = $1 AND state IN ('ready', 'queued')`, name)
-	return nil
+	// A child paused from ready gave back the slot its parent lent it:
+	// the parent holds it for the child again (children.go). Read after
+	// the statements above, the rows held are their result.
+	return t.touchLending(name)
 }
 
 // resumeTasks returns paused tasks to the state they left; the refill
@@ -201,13 +204,26 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	return store.CheckCounters(ctx, reader{tx}, [][2]string{
 		{"sub-queue running", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.running AS have, coalesce(c.n, 0) AS n
-			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') OR state = 'suspended' AND wait_lent = 0
+			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') OR state = 'suspended' AND wait_lent NOT IN (1, 4)
 				GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},
-		// Slots lent to suspended parents (children.go).
+		// Slots lent to suspended parents, and the refill's lane
+		// (flow/lend.go, children.go).
 		{"sub-queue lent", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.lent AS have, coalesce(c.n, 0) AS n
-			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'suspended' AND wait_lent = 1 GROUP BY sq) c ON c.sq = s.id) x
+			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'suspended' AND wait_lent IN (1, 2, 4) GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},
+		{"hold out of state", `SELECT 'task ' || id, wait_lent::bigint, 0::bigint FROM tasks WHERE wait_lent != 0 AND state != 'suspended'`},
+		{"sub-queue lends over limit", `SELECT s.queue || '/' || s.ckey, s.lent, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.lent > s.lim`},
+		{"env lane", `SELECT 'env', have, n FROM (SELECT e.lane AS have,
+			(SELECT count(*) FROM tasks WHERE state = 'suspended' AND wait_lent IN (2, 3, 4)) AS n FROM env e) x WHERE have != n`},
+		{"lent pair", `SELECT 'task ' || p.id, p.wait_lent::bigint, (c.state IN ('ready', 'running', 'suspended'))::int::bigint FROM tasks p JOIN tasks c ON c.id = p.wait_task
+			WHERE p.state = 'suspended' AND (p.wait_lent = 1 AND c.state NOT IN ('ready', 'running', 'suspended')
+				OR p.wait_lent = 2 AND c.state IN ('ready', 'running', 'suspended', 'succeeded', 'failed', 'cancelled')
+				OR p.wait_lent = 4 AND c.state IN ('ready', 'running', 'suspended'))`},
+		{"idle lane", `SELECT 'task ' || p.id, p.wait_lent::bigint, 0::bigint FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task JOIN subqueues s ON s.id = p.sq, env e
+			WHERE p.state = 'suspended' AND (e.max_running = 0 OR e.running < e.max_running)
+				AND (p.wait_lent = 3 OR p.wait_lent = 2 AND c.state = 'queued' AND NOT s.paused AND s.rwait IS NULL)
+			OR p.state = 'suspended' AND p.wait_lent = 4 AND (s.lim IS NULL OR s.running < s.lim)`},
 		{"sub-queue queued", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.queued AS have, coalesce(c.n, 0) AS n
 			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'queued' GROUP BY sq) c ON c.sq = s.id) x
 			WHERE have != n`},

@@ -66,7 +66,7 @@ type txn struct {
 // whatever the table holds (TestPostgresConformance, "generic plans").
 const setGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
 
-const envLockSQL = `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1 FOR UPDATE`
+const envLockSQL = `SELECT max_running, running, active, vtime, rr, lane FROM env WHERE id = 1 FOR UPDATE`
 
 // run runs fn in a write transaction. BEGIN and the env lock go in the
 // first round trip, with whatever prelude queues: a prelude's statements

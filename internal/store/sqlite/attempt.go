@@ -26,10 +26,10 @@ type runningTask struct {
 	// over to it (or releases it) instead of endAttempt releasing it.
 	handingOver bool
 	// from is the state of a task its worker holds while it waits for a
-	// child (suspended, or waiting for its slots back), lent whether it
-	// lent its sub-queue slot; "" for a running task (heldToRunning).
+	// child (suspended, or waiting for its slots back), hold what it
+	// holds of its sub-queue (flow.Hold); "" for a running task (heldToRunning).
 	from sluice.TaskState
-	lent bool
+	hold flow.Hold
 }
 
 const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at, run_id`

@@ -129,7 +129,7 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 		var p store.WaitingParent
 		var worker *string
 		err := t.tx.QueryRowContext(ctx, `SELECT state, worker_id, sq, queue, cancel_requested, wait_task, wait_run, wait_lent FROM tasks WHERE id = ?`, parentID).
-			Scan(&p.State, &worker, &p.SQ, &p.Queue, &p.CancelRequested, &p.WaitTask, &p.WaitRun, &p.Lent)
+			Scan(&p.State, &worker, &p.SQ, &p.Queue, &p.CancelRequested, &p.WaitTask, &p.WaitRun, &p.Hold)
 		if err == sql.ErrNoRows {
 			return sluice.NotFound("task %d not found", parentID)
 		}
@@ -150,7 +150,7 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 		if err != nil {
 			return err
 		}
-		phase, lent, err := t.waitMove(&p, child, step)
+		phase, lent, err := t.waitMove(&p, child, c, step)
 		out = &store.WaitOutcome{Phase: phase, Lent: lent, ChildState: c.State}
 		return err
 	})
@@ -159,9 +159,9 @@ func (s *Store) WaitStep(ctx context.Context, workerID string, parentID int64, c
 
 // waitMove applies a wait step's move (store.WaitingParent.Step) and
 // returns where the parent stands and whether it lends its slot.
-func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.WaitMove) (store.WaitPhase, bool, error) {
+func (t *txn) waitMove(p *store.WaitingParent, child store.Child, c store.ChildEnd, step store.WaitMove) (store.WaitPhase, bool, error) {
 	if step.From == step.To {
-		return step.Phase, p.Lent, nil // nothing moves: the parent waits on
+		return step.Phase, p.Hold.Lends(), nil // nothing moves: the parent waits on
 	}
 	sq, err := t.subqueue(p.SQ)
 	if err != nil {
@@ -171,35 +171,31 @@ func (t *txn) waitMove(p *store.WaitingParent, child store.Child, step store.Wai
 	if err != nil {
 		return "", false, err
 	}
-	phase, lent, err := t.waitMoveIn(p, child, step, sq, q)
-	return phase, lent, err
-}
-
-// waitMoveIn is waitMove with the parent's rows read.
-func (t *txn) waitMoveIn(p *store.WaitingParent, child store.Child, step store.WaitMove, sq *flow.Subqueue, q *flow.Queue) (store.WaitPhase, bool, error) {
 	switch step.From {
 	case sluice.StateRunning:
-		var n int64
-		if step.Lend {
-			if err := t.tx.QueryRowContext(t.ctx, `SELECT lent FROM subqueues WHERE id = ?`, p.SQ).Scan(&n); err != nil {
+		if !step.Lend && sq.Limit() != nil {
+			// It keeps its slot while it waits: refused if that closes a
+			// cycle of waits (store/waitgraph.go).
+			cyc, err := store.FindWaitCycle(t, p.ID, p.SQ, store.WaitTask{ID: child.TaskID, SQ: c.SQ, State: sluice.TaskState(c.State)}, child.RunID)
+			if err != nil {
 				return "", false, err
 			}
+			if cyc != nil {
+				return "", false, cyc.Error(p.ID, child)
+			}
 		}
-		lent, err := t.Suspend(sq, q, step.Lend, n)
+		hold, err := t.Suspend(sq, q, step.Lend)
 		if errors.Is(err, flow.ErrLendFull) {
 			return "", false, store.RecursiveWaitDeadlock(p.ID, sq.Queue(), sq.Key(), *sq.Limit())
 		}
 		if err != nil {
 			return "", false, err
 		}
-		if err := t.addLent(p.SQ, lent, +1); err != nil {
-			return "", false, err
-		}
 		// It started long ago: no dispatch deadline applies to it when it
 		// waits for its slots back.
 		_, err = t.exec(`UPDATE tasks SET state = 'suspended', wait_task = ?, wait_run = ?, wait_lent = ?, dispatch_deadline_at = NULL WHERE id = ?`,
-			store.NullID(child.TaskID), store.NullID(child.RunID), lent, p.ID)
-		return store.WaitChild, lent, err
+			store.NullID(child.TaskID), store.NullID(child.RunID), hold, p.ID)
+		return store.WaitChild, hold.Lends(), err
 	case sluice.StateReady:
 		// Its slots are back (the refill promoted it): running again.
 		if err := flow.Uncounted(sluice.StateReady, sluice.StateRunning); err != nil {
@@ -209,28 +205,65 @@ func (t *txn) waitMoveIn(p *store.WaitingParent, child store.Child, step store.W
 		return store.WaitDone, false, err
 	}
 	// Resume (from suspended): the child ended.
-	to, err := t.Resume(sq, q, p.Lent)
+	to, hold, err := t.Resume(sq, q, p.Hold)
 	if err != nil {
-		return "", false, err
-	}
-	if err := t.addLent(p.SQ, p.Lent, -1); err != nil {
 		return "", false, err
 	}
 	if to == sluice.StateRunning {
 		_, err = t.exec(`UPDATE tasks SET state = 'running', wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`, p.ID)
 		return store.WaitDone, false, err
 	}
-	_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, wait_lent = 0 WHERE id = ?`, to, flow.PausedFrom(to), p.ID)
+	_, err = t.exec(`UPDATE tasks SET wait_lent = ? WHERE id = ?`, hold, p.ID)
 	return store.WaitSlots, false, err
 }
 
-// addLent adds d to sub-queue sq's count of lent slots, if lent.
-func (t *txn) addLent(sq int64, lent bool, d int) error {
-	if !lent {
-		return nil
+// The cycle check's reads (store.WaitReader).
+var _ store.WaitReader = (*txn)(nil)
+
+// WaitSubqueue reads a sub-queue for the cycle check.
+func (t *txn) WaitSubqueue(id int64) (store.WaitSubqueue, error) {
+	sq, err := t.subqueue(id)
+	if err != nil {
+		return store.WaitSubqueue{}, err
 	}
-	_, err := t.exec(`UPDATE subqueues SET lent = lent + ? WHERE id = ?`, d, sq)
-	return err
+	return store.WaitSubqueue{ID: id, Queue: sq.Queue(), Key: sq.Key(), Limit: sq.Limit()}, nil
+}
+
+// Waiters reads a sub-queue's suspended tasks for the cycle check.
+func (t *txn) Waiters(sq int64) ([]store.Waiter, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT p.id, p.wait_lent, coalesce(p.wait_task, 0), coalesce(p.wait_run, 0), coalesce(c.state, ''), coalesce(c.sq, 0)
+		FROM tasks p INDEXED BY tasks_suspended LEFT JOIN tasks c ON c.id = p.wait_task WHERE p.sq = ? AND p.state = 'suspended'`, sq)
+	if err != nil {
+		return nil, fmt.Errorf("waiting parents: %w", err)
+	}
+	defer rows.Close()
+	var out []store.Waiter
+	for rows.Next() {
+		var w store.Waiter
+		if err := rows.Scan(&w.ID, &w.Hold, &w.Child.ID, &w.RunID, &w.Child.State, &w.Child.SQ); err != nil {
+			return nil, fmt.Errorf("waiting parents: %w", err)
+		}
+		out = append(out, w)
+	}
+	return out, rows.Err()
+}
+
+// RunTasks reads a run's unfinished tasks for the cycle check.
+func (t *txn) RunTasks(runID int64) ([]store.WaitTask, error) {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, state FROM tasks WHERE run_id = ? AND state NOT IN ('succeeded', 'failed', 'cancelled')`, runID)
+	if err != nil {
+		return nil, fmt.Errorf("run tasks: %w", err)
+	}
+	defer rows.Close()
+	var out []store.WaitTask
+	for rows.Next() {
+		var w store.WaitTask
+		if err := rows.Scan(&w.ID, &w.SQ, &w.State); err != nil {
+			return nil, fmt.Errorf("run tasks: %w", err)
+		}
+		out = append(out, w)
+	}
+	return out, rows.Err()
 }
 
 // heldCols are runningCols of a task its worker holds while it waits
@@ -245,7 +278,7 @@ const heldWaitSQL = `SELECT ` + heldCols + ` FROM tasks WHERE id = ? AND worker_
 func scanHeld(row interface{ Scan(...any) error }) (*runningTask, error) {
 	r := &runningTask{}
 	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt, &r.runID,
-		&r.from, &r.lent)
+		&r.from, &r.hold)
 	return r, err
 }
 
@@ -254,10 +287,7 @@ func scanHeld(row interface{ Scan(...any) error }) (*runningTask, error) {
 // attempt (endAttempt) releases exactly what it holds
 // (flow.Counters.HeldToRunning).
 func (t *txn) heldToRunning(sq *flow.Subqueue, q *flow.Queue, r *runningTask) error {
-	if err := t.addLent(r.sq, r.from == sluice.StateSuspended && r.lent, -1); err != nil {
-		return err
-	}
-	return t.HeldToRunning(sq, q, r.from, r.lent)
+	return t.HeldToRunning(sq, q, r.from, r.hold)
 }
 
 // heldWaits returns the tasks a worker holds while they wait for a
@@ -278,4 +308,168 @@ func (t *txn) heldWaits(workerID string) ([]*runningTask, error) {
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// reconcileLends brings the lending parents of the sub-queues whose tasks
+// moved in this transaction in step with their children
+// (flow.Counters.Reconcile): a child's end gives its slot straight back
+// to its parent, before the refill sees it free. Parents owed a slot
+// (flow.HoldOwed) come last: a slot a child gave back is its own
+// parent's first. It reports whether a hold changed.
+func (t *txn) reconcileLends() (bool, error) {
+	changed := false
+	for _, sq := range t.Touched() {
+		type pair struct {
+			parent int64
+			hold   flow.Hold
+			child  sluice.TaskState
+		}
+		rows, err := t.tx.QueryContext(t.ctx, `SELECT p.id, p.wait_lent, coalesce(c.state, '') FROM tasks p INDEXED BY tasks_lending LEFT JOIN tasks c ON c.id = p.wait_task
+			WHERE p.sq = ? AND p.wait_lent IN (1, 2, 4) ORDER BY p.wait_lent = 4, p.id`, sq.ID())
+		if err != nil {
+			return false, fmt.Errorf("lent slots: %w", err)
+		}
+		var pairs []pair
+		for rows.Next() {
+			var x pair
+			if err := rows.Scan(&x.parent, &x.hold, &x.child); err != nil {
+				rows.Close()
+				return false, fmt.Errorf("lent slots: %w", err)
+			}
+			pairs = append(pairs, x)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return false, fmt.Errorf("lent slots: %w", err)
+		}
+		for _, x := range pairs {
+			if to := t.Reconcile(sq, x.hold, x.child); to != x.hold {
+				changed = true
+				if _, err := t.exec(`UPDATE tasks SET wait_lent = ? WHERE id = ?`, to, x.parent); err != nil {
+					return false, err
+				}
+			}
+		}
+	}
+	return changed, nil
+}
+
+// lane serves the refill's lane before any sub-queue's wait list, in
+// the parents' order: a child whose parent holds its slot for it moves
+// onto the slot (flow.Counters.Hand), and a parent whose child ended
+// takes an environment slot (flow.Counters.Rejoin). It reads only the
+// lane (tasks_lane), only while the lane holds any, and at most
+// flow.FillBatch of it, the rest in the next transactions.
+func (t *txn) lane() error {
+	if t.Env.Lane() == 0 {
+		return nil
+	}
+	type entry struct {
+		parent, sq, child int64
+		queue             string
+		hold              flow.Hold
+		childState        sluice.TaskState
+	}
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT p.id, p.sq, p.queue, p.wait_lent, coalesce(c.id, 0), coalesce(c.state, '')
+		FROM tasks p INDEXED BY tasks_lane LEFT JOIN tasks c ON c.id = p.wait_task WHERE p.wait_lent IN (2, 3, 4) ORDER BY p.id LIMIT ?`, flow.FillBatch)
+	if err != nil {
+		return fmt.Errorf("refill lane: %w", err)
+	}
+	var lane []entry
+	for rows.Next() {
+		var e entry
+		if err := rows.Scan(&e.parent, &e.sq, &e.queue, &e.hold, &e.child, &e.childState); err != nil {
+			rows.Close()
+			return fmt.Errorf("refill lane: %w", err)
+		}
+		lane = append(lane, e)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("refill lane: %w", err)
+	}
+	for _, e := range lane {
+		if e.hold != flow.HoldOwed && !t.Env.HasRoom() {
+			continue // it needs an environment slot
+		}
+		if e.hold == flow.HoldMarked && e.childState != sluice.StateQueued {
+			continue // its child does not wait on the wait list (yet)
+		}
+		sq, err := t.subqueue(e.sq)
+		if err != nil {
+			return err
+		}
+		q, err := t.queue(e.queue, false)
+		if err != nil {
+			return err
+		}
+		if e.hold == flow.HoldOwed {
+			// The next slot of its sub-queue is its own, if there is one.
+			if to := t.Reconcile(sq, e.hold, e.childState); to != e.hold {
+				if _, err := t.exec(`UPDATE tasks SET wait_lent = ? WHERE id = ?`, to, e.parent); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if e.hold == flow.HoldEnvWait {
+			if err := t.Rejoin(sq, q); err != nil {
+				return err
+			}
+			if _, err := t.exec(`UPDATE tasks SET state = 'ready', wait_lent = 0 WHERE id = ?`, e.parent); err != nil {
+				return err
+			}
+			continue
+		}
+		if !t.CanHand(sq) {
+			continue
+		}
+		if sq.Rated() {
+			most, err := t.rateAllowance(sq)
+			if err != nil {
+				return err
+			}
+			if most == 0 {
+				continue
+			}
+		}
+		rank, err := t.Hand(sq, q)
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ?, rated = ? WHERE id = ?`, rank, sq.Rated(), e.child); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE tasks SET wait_lent = ? WHERE id = ?`, flow.HoldLent, e.parent); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// touchLending marks the sub-queues of a queue that lend slots as
+// touched, after a set-based move of its tasks (a pause), so their
+// lending parents are reconciled.
+func (t *txn) touchLending(queue string) error {
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT `+sqCols+` FROM subqueues WHERE queue = ? AND lent > 0`, queue)
+	if err != nil {
+		return fmt.Errorf("lent slots: %w", err)
+	}
+	var sqs []*flow.Subqueue
+	for rows.Next() {
+		sq := &flow.Subqueue{}
+		if err := rows.Scan(sq.Dest()...); err != nil {
+			rows.Close()
+			return err
+		}
+		sqs = append(sqs, sq)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, sq := range sqs {
+		t.Touch(t.UseSubqueue(sq))
+	}
+	return nil
 }

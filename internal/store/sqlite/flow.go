@@ -13,7 +13,7 @@ import (
 // its transition table), their reads and writes, and the refill that
 // promotes queued tasks to ready.
 
-const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait`
+const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent`
 
 // subqueue returns the sub-queue by id.
 func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {
@@ -73,13 +73,14 @@ func (t *txn) subqueueFor(q *flow.Queue, key string) (*flow.Subqueue, error) {
 func (t *txn) flush() error {
 	env, sqs, qs := t.Dirty()
 	if env != nil {
-		if _, err := t.exec(`UPDATE env SET max_running = ?, running = ?, active = ?, vtime = ?, rr = ? WHERE id = 1`,
-			env.MaxRunning(), env.Running(), env.Active(), env.VTime(), env.RR()); err != nil {
+		if _, err := t.exec(`UPDATE env SET max_running = ?, running = ?, active = ?, vtime = ?, rr = ?, lane = ? WHERE id = 1`,
+			env.MaxRunning(), env.Running(), env.Active(), env.VTime(), env.RR(), env.Lane()); err != nil {
 			return fmt.Errorf("writing env: %w", err)
 		}
 	}
 	for _, q := range sqs {
-		if _, err := t.exec(`UPDATE subqueues SET running = ?, queued = ?, rr = ?, vtime = ? WHERE id = ?`, q.Running(), q.Queued(), q.RR(), q.VTime(), q.ID()); err != nil {
+		if _, err := t.exec(`UPDATE subqueues SET running = ?, queued = ?, rr = ?, vtime = ?, lent = ? WHERE id = ?`,
+			q.Running(), q.Queued(), q.RR(), q.VTime(), q.Lent(), q.ID()); err != nil {
 			return fmt.Errorf("writing sub-queue: %w", err)
 		}
 	}
@@ -103,6 +104,35 @@ func (t *txn) flush() error {
 // would give: serving a sub-queue changes no other's eligibility or rr,
 // and moves its own rr past every other's.
 func (t *txn) fill() error {
+	// Lent slots first (children.go): pairs reconciled after their
+	// children moved, then the lane, ahead of every task that never ran.
+	if _, err := t.reconcileLends(); err != nil {
+		return err
+	}
+	if err := t.lane(); err != nil {
+		return err
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	for {
+		if err := t.fillQueues(); err != nil {
+			return err
+		}
+		// A promotion in a sub-queue that lends may free a slot held
+		// for a child that had started elsewhere.
+		changed, err := t.reconcileLends()
+		if err != nil || !changed {
+			return err
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+}
+
+// fillQueues is the refill of the sub-queues' wait lists (fill).
+func (t *txn) fillQueues() error {
 	batch := make([]*flow.Subqueue, 0, flow.FillScan)
 	for t.Env.HasRoom() {
 		batch = batch[:0]

@@ -176,8 +176,12 @@ func (t *txn) pauseTasks(name string) error {
 	if _, err := t.exec(`UPDATE subqueues SET queued = 0 WHERE queue = ?`, name); err != nil {
 		return err
 	}
-	_, err = t.exec(`UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = ? AND state IN ('ready', 'queued')`, name)
-	return err
+	if _, err = t.exec(`UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = ? AND state IN ('ready', 'queued')`, name); err != nil {
+		return err
+	}
+	// A child paused from ready gave back the slot its parent lent it:
+	// the parent holds it for the child again (children.go).
+	return t.touchLending(name)
 }
 
 // resumeTasks returns paused tasks to the state they left; the refill
@@ -221,10 +225,22 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 	// On the writer connection: it sees every commit.
 	return store.CheckCounters(ctx, reader{s.w}, [][2]string{
 		{"sub-queue running", `SELECT s.queue || '/' || s.ckey, s.running, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND (t.state IN ('ready', 'running')
-			OR t.state = 'suspended' AND t.wait_lent = 0)) AS n FROM subqueues s WHERE s.running != n`},
-		// Slots lent to suspended parents (children.go).
-		{"sub-queue lent", `SELECT s.queue || '/' || s.ckey, s.lent, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'suspended' AND t.wait_lent = 1) AS n
+			OR t.state = 'suspended' AND t.wait_lent NOT IN (1, 4))) AS n FROM subqueues s WHERE s.running != n`},
+		// Slots lent to suspended parents, and the refill's lane
+		// (flow/lend.go, children.go).
+		{"sub-queue lent", `SELECT s.queue || '/' || s.ckey, s.lent, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'suspended' AND t.wait_lent IN (1, 2, 4)) AS n
 			FROM subqueues s WHERE s.lent != n`},
+		{"hold out of state", `SELECT 'task ' || id, wait_lent, 0 FROM tasks WHERE wait_lent != 0 AND state != 'suspended'`},
+		{"sub-queue lends over limit", `SELECT s.queue || '/' || s.ckey, s.lent, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.lent > s.lim`},
+		{"env lane", `SELECT 'env', e.lane, (SELECT count(*) FROM tasks WHERE state = 'suspended' AND wait_lent IN (2, 3, 4)) AS n FROM env e WHERE e.lane != n`},
+		{"lent pair", `SELECT 'task ' || p.id, p.wait_lent, c.state IN ('ready', 'running', 'suspended') FROM tasks p JOIN tasks c ON c.id = p.wait_task
+			WHERE p.state = 'suspended' AND (p.wait_lent = 1 AND c.state NOT IN ('ready', 'running', 'suspended')
+				OR p.wait_lent = 2 AND c.state IN ('ready', 'running', 'suspended', 'succeeded', 'failed', 'cancelled')
+				OR p.wait_lent = 4 AND c.state IN ('ready', 'running', 'suspended'))`},
+		{"idle lane", `SELECT 'task ' || p.id, p.wait_lent, 0 FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task JOIN subqueues s ON s.id = p.sq, env e
+			WHERE p.state = 'suspended' AND (e.max_running = 0 OR e.running < e.max_running)
+				AND (p.wait_lent = 3 OR p.wait_lent = 2 AND c.state = 'queued' AND s.paused = 0 AND s.rwait IS NULL)
+			OR p.state = 'suspended' AND p.wait_lent = 4 AND (s.lim IS NULL OR s.running < s.lim)`},
 		{"sub-queue queued", `SELECT s.queue || '/' || s.ckey, s.queued, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'queued') AS n FROM subqueues s WHERE s.queued != n`},
 		{"sub-queue over limit", `SELECT s.queue || '/' || s.ckey, s.running, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.running > s.lim`},
 		{"queue active", `SELECT q.name, q.active, (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM queues q WHERE q.active != n`},

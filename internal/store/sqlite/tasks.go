@@ -140,7 +140,7 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent = 1`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent IN (1, 2, 4)`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved', 'suspended')`
 

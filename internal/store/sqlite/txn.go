@@ -58,7 +58,7 @@ func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (st
 	// Every write transaction ends with the refill, which needs the env
 	// row: read it first.
 	t.Env = &flow.Env{}
-	if err := tx.QueryRowContext(ctx, `SELECT max_running, running, active, vtime, rr FROM env WHERE id = 1`).Scan(t.Env.Dest()...); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT max_running, running, active, vtime, rr, lane FROM env WHERE id = 1`).Scan(t.Env.Dest()...); err != nil {
 		return o, fmt.Errorf("reading env: %w", err)
 	}
 	if err := fn(t); err != nil {

@@ -214,9 +214,10 @@ func testChildWaitDeadlock(t *testing.T, ns NewStore) {
 	h.counters()
 }
 
-// When its child ends and another task took the slot meanwhile, the
-// parent waits for its slot on the wait list, ahead of younger tasks,
-// and only its worker's wait runs it.
+// When its child ends with the environment full, the parent keeps its
+// queue slot and waits for an environment slot in the refill's lane,
+// ahead of every task that never ran, and only its worker's wait runs
+// it.
 func testChildWaitSlotsInOrder(t *testing.T, ns NewStore) {
 	h := setup(t, ns)
 	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
@@ -231,8 +232,7 @@ func testChildWaitSlotsInOrder(t *testing.T, ns NewStore) {
 	h.claim("w", 1)
 	ch := h.child("w", p.ID, store.NewTask{Kind: "k", Queue: "c"})
 	h.wait("w", p.ID, ch.ID)
-	// The child runs on x; another task of q... holds q's slot? No: the
-	// parent keeps its queue slot (child on another queue); the
+	// The parent keeps its queue slot (child on another queue); the
 	// environment's two slots go to the child and a task of queue o.
 	o := h.enqueue(store.NewTask{Kind: "k", Queue: "o"}, store.NewTask{Kind: "k", Queue: "o"})
 	got := h.claim("x", 2)
@@ -244,23 +244,28 @@ func testChildWaitSlotsInOrder(t *testing.T, ns NewStore) {
 		}
 	}
 	// The child's environment slot went to o[1] (the refill, in the
-	// child's completion): the parent finds no room and waits queued.
+	// child's completion): the parent finds no room and waits in the lane,
+	// still suspended, holding its queue slot.
 	require.Equal(t, sluice.StateReady, h.state(o[1].ID))
 	out := h.wait("w", p.ID, ch.ID)
 	require.Equal(t, store.WaitSlots, out.Phase)
-	require.Equal(t, sluice.StateQueued, h.state(p.ID))
+	require.Equal(t, sluice.StateSuspended, h.state(p.ID))
+	require.Equal(t, 1, h.queueRunning("q"), "it keeps its queue slot")
 	h.counters()
-	// Younger tasks of q wait behind it.
+	// Younger tasks wait behind it, on its queue and on any other.
 	y := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
+	z := h.enqueue(store.NewTask{Kind: "k", Queue: "z"})[0]
 	require.Equal(t, sluice.StateQueued, y.State)
-	require.Equal(t, []int64{o[1].ID}, ids(h.claim("x", 5)), "only o[1]: the parent and y wait")
+	require.Equal(t, sluice.StateQueued, z.State)
+	require.Equal(t, []int64{o[1].ID}, ids(h.claim("x", 5)), "only o[1]: the parent, y and z wait")
 	for _, c := range got {
 		if c.ID != ch.ID {
 			h.complete("x", ok(c))
 		}
 	}
-	require.Equal(t, sluice.StateReady, h.state(p.ID), "the freed slot went to the parent, first in line")
+	require.Equal(t, sluice.StateReady, h.state(p.ID), "the freed environment slot went to the parent, ahead of z")
 	require.Equal(t, sluice.StateQueued, h.state(y.ID))
+	require.Equal(t, sluice.StateQueued, h.state(z.ID))
 	require.Empty(t, h.claim("x", 5), "no claim takes a ready parent held by its worker")
 	require.Equal(t, store.WaitDone, h.wait("w", p.ID, ch.ID).Phase)
 	require.Equal(t, sluice.StateRunning, h.state(p.ID))

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -64,10 +65,13 @@ func childModelRun(t *testing.T, ns NewStore, seed uint64, steps int) {
 	subs := []string{"q1/", "q2/", "q3/a", "q3/b"}
 	h.worker("w", 100, "k")
 
-	var deadlocks, lends, resumes int
-	defer func() { t.Logf("seed %d: %d lends, %d deadlocks, %d resumes", seed, lends, deadlocks, resumes) }()
+	var deadlocks, cycles, lends, resumes int
+	defer func() {
+		t.Logf("seed %d: %d lends, %d deadlocks, %d cycles refused, %d resumes", seed, lends, deadlocks, cycles, resumes)
+	}()
 	tasks := map[int64]*cmTask{}
 	lent := map[string]int{} // sub-queue → slots lent (the model)
+	owed := map[int64]bool{} // parents owed their lent slot
 	var trace []string
 	defer func() {
 		if t.Failed() {
@@ -143,6 +147,20 @@ func childModelRun(t *testing.T, ns NewStore, seed uint64, steps int) {
 				deadlocks++
 				continue
 			}
+			if wasRunning && c.sub != p.sub && errors.Is(err, sluice.ErrRecursiveWaitDeadlock) {
+				// A cycle of waits across queues (waitgraph.go): the
+				// child's sub-queue has every slot held by waiting
+				// parents that keep theirs.
+				held := 0
+				for _, m := range tasks {
+					if m.sub == c.sub && m.waiting && !m.lent && !m.ended {
+						held++
+					}
+				}
+				require.GreaterOrEqual(t, held, limitOf(limits, c.sub), "seed %d step %d: refused as a cycle: %v", seed, i, err)
+				cycles++
+				continue
+			}
 			require.NoError(t, err, "seed %d step %d", seed, i)
 			switch {
 			case wasRunning && out.Phase == store.WaitChild:
@@ -154,12 +172,8 @@ func childModelRun(t *testing.T, ns NewStore, seed uint64, steps int) {
 					lends++
 				}
 			case !wasRunning && c.ended:
-				// The child ended: the lent slot comes back (done, or
-				// waiting for its slots on the wait list).
-				if p.lent {
-					lent[p.sub]--
-					p.lent = false
-				}
+				// The child ended (its lent slot came back then): done,
+				// or waiting for an environment slot in the lane.
 				if out.Phase == store.WaitDone {
 					p.waiting, p.child = false, 0
 					resumes++
@@ -178,8 +192,35 @@ func childModelRun(t *testing.T, ns NewStore, seed uint64, steps int) {
 			require.Equal(t, "ok", acks[0].Status, "seed %d step %d: task %d", seed, i, m.id)
 			trace = append(trace, fmt.Sprintf("%d: %d ends", i, m.id))
 			m.ended = true
+			// A child that lent its slot on (or was owed it) may have
+			// left the family's slot further down: whether its parent
+			// gets it back or is owed it, the store says.
+			wasLending := m.lent
 			if m.lent {
 				lent[m.sub]--
+				m.lent = false
+			}
+			// A child's end gives its parent's lent slot straight back,
+			// unless the child had passed it on to a child of its own
+			// that may still hold it: then its parent may be owed the
+			// next slot of the sub-queue (flow.HoldOwed), whenever that
+			// frees, which the model reads from the store.
+			if pm := tasks[m.parent]; pm != nil && !pm.ended && pm.child == m.id && pm.lent {
+				if !wasLending {
+					lent[pm.sub]--
+					pm.lent = false
+				} else {
+					owed[pm.id] = true
+				}
+			}
+		}
+		for id := range owed {
+			if m := tasks[id]; m.ended || !h.get(id).WaitLent {
+				if !m.ended {
+					lent[m.sub]--
+					m.lent = false
+				}
+				delete(owed, id)
 			}
 		}
 		for q := range limits {

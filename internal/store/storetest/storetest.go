@@ -52,6 +52,7 @@ var areas = []tests{
 	rateTests,
 	childTests,
 	childModelTests,
+	childLendTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would
