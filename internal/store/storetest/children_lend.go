@@ -23,6 +23,7 @@ var childLendTests = tests{
 	"ChildWaitNestedSlotOwed":   testChildWaitNestedSlotOwed,
 	"ChildWaitCycleOneFamily":   testChildWaitCycleOneFamily,
 	"ChildWaitCycleTwoFamilies": testChildWaitCycleTwoFamilies,
+	"ChildWaitCycleRun":         testChildWaitCycleRun,
 }
 
 // executing counts the tasks of a queue running (not waiting).
@@ -289,5 +290,34 @@ func testChildWaitCycleTwoFamilies(t *testing.T, ns NewStore) {
 	// pb gives up its wait (ends): pa's child runs.
 	h.complete("w", sluice.TaskResult{TaskID: pb.ID, Attempt: 1})
 	require.Equal(t, sluice.StateReady, h.state(ca.ID))
+	h.counters()
+}
+
+// A wait for a child run counts its tasks: a parent holding queue a's one
+// slot cannot wait for a run whose task waits on a; a run whose task can
+// start elsewhere is fine.
+func testChildWaitCycleRun(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	h.cycleQueues()
+	p := h.enqueue(store.NewTask{Kind: "k", Queue: "a"})[0]
+	h.claim("w", 1)
+	r := h.run(store.NewRun{})
+	h.apply(r.ID, []store.NewStep{{Name: "s", Items: -1, State: sluice.StepRunning, Tasks: []store.NewTask{{Kind: "k", Queue: "a", MaxAttempts: 1}}}}, nil)
+	pos, err := h.st.ChildCall(h.ctx, "w", p.ID, 0)
+	require.NoError(t, err)
+	require.NoError(t, h.st.LinkChild(h.ctx, p.ID, pos, 0, r.ID))
+	_, _, err = h.st.WaitStep(h.ctx, "w", p.ID, store.Child{ParentID: p.ID, Call: pos, RunID: r.ID})
+	requireCycle(t, err, `queue "a" → queue "a"`)
+	require.Equal(t, sluice.StateRunning, h.state(p.ID))
+	h.counters()
+
+	r2 := h.run(store.NewRun{IdempotencyKey: "r2"})
+	h.apply(r2.ID, []store.NewStep{{Name: "s", Items: -1, State: sluice.StepRunning, Tasks: []store.NewTask{{Kind: "k", Queue: "b", MaxAttempts: 1}}}}, nil)
+	pos, err = h.st.ChildCall(h.ctx, "w", p.ID, 0)
+	require.NoError(t, err)
+	require.NoError(t, h.st.LinkChild(h.ctx, p.ID, pos, 0, r2.ID))
+	out, _, err := h.st.WaitStep(h.ctx, "w", p.ID, store.Child{ParentID: p.ID, Call: pos, RunID: r2.ID})
+	require.NoError(t, err)
+	require.Equal(t, store.WaitChild, out.Phase)
 	h.counters()
 }
