@@ -281,3 +281,73 @@ func b2i(b bool) int64 {
 	}
 	return 0
 }
+
+// LaneEntry is a parent in the refill's lane (a hold that InLane) with
+// its child, as the store reads them; SQ and Q are the transaction's
+// copies of the parent's sub-queue and queue rows.
+type LaneEntry struct {
+	Parent, Child int64
+	Hold          Hold
+	ChildState    sluice.TaskState
+	SQ            *Subqueue
+	Q             *Queue
+}
+
+// LaneMove is what the store writes for a lane entry served: the
+// parent's new hold, whether it moved suspended → ready (Rejoin), and the
+// child moved queued → ready onto the parent's slot (Hand; 0: none) with
+// its rank and whether it started on its rate's allowance.
+type LaneMove struct {
+	Parent      int64
+	Hold        Hold
+	ParentReady bool
+	Child, Rank int64
+	Rated       bool
+}
+
+// ServeLane serves the refill's lane, entries in the parents' order,
+// before any sub-queue's wait list: a parent owed its slot takes one
+// where its sub-queue has room (Reconcile); a marked parent whose child
+// waits on the wait list hands it the slot (Hand) where CanHand and, for
+// a rate-limited sub-queue, rate (the store's read of the allowance)
+// allows a start; a parent whose child ended takes an environment slot
+// (Rejoin). It returns the moves to write.
+func (c *Counters) ServeLane(entries []LaneEntry, rate func(*Subqueue) (int64, error)) ([]LaneMove, error) {
+	var out []LaneMove
+	for _, e := range entries {
+		sq, q := e.SQ, e.Q
+		switch e.Hold {
+		case HoldOwed:
+			if to := c.Reconcile(sq, e.Hold, e.ChildState); to != e.Hold {
+				out = append(out, LaneMove{Parent: e.Parent, Hold: to})
+			}
+		case HoldEnvWait:
+			if !c.Env.HasRoom() {
+				continue
+			}
+			if err := c.Rejoin(sq, q); err != nil {
+				return nil, err
+			}
+			out = append(out, LaneMove{Parent: e.Parent, Hold: HoldSlot, ParentReady: true})
+		case HoldMarked:
+			if e.ChildState != sluice.StateQueued || !c.CanHand(sq) {
+				continue // its child does not wait on the wait list, or cannot start yet
+			}
+			if sq.Rated() {
+				most, err := rate(sq)
+				if err != nil {
+					return nil, err
+				}
+				if most == 0 {
+					continue
+				}
+			}
+			rank, err := c.Hand(sq, q)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, LaneMove{Parent: e.Parent, Hold: HoldLent, Child: e.Child, Rank: rank, Rated: sq.Rated()})
+		}
+	}
+	return out, nil
+}

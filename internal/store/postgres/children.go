@@ -334,68 +334,40 @@ func (t *txn) lane() error {
 	if t.Env.Lane() == 0 {
 		return nil
 	}
-	type entry struct {
-		parent, child int64
-		hold          flow.Hold
-		childState    string
-		sq            *flow.Subqueue
-		q             *flow.Queue
-	}
-	var lane []entry
+	var entries []flow.LaneEntry
 	err := t.query("refill lane", `SELECT p.id, p.wait_lent, coalesce(c.id, 0), coalesce(c.state, ''), `+sqCols+`, `+qCols+`
 		FROM (SELECT id, wait_lent, wait_task, sq, queue FROM tasks WHERE wait_lent IN (2, 3, 4) ORDER BY id LIMIT $1) p
 		LEFT JOIN tasks c ON c.id = p.wait_task JOIN subqueues s ON s.id = p.sq JOIN queues q ON q.name = p.queue
 		ORDER BY p.id`, []any{flow.FillBatch}, func(rows pgx.Rows) error {
-		e := entry{sq: &flow.Subqueue{}, q: &flow.Queue{}}
-		if err := rows.Scan(append(append([]any{&e.parent, &e.hold, &e.child, &e.childState}, e.sq.Dest()...), e.q.Dest()...)...); err != nil {
+		e := flow.LaneEntry{SQ: &flow.Subqueue{}, Q: &flow.Queue{}}
+		var state string
+		if err := rows.Scan(append(append([]any{&e.Parent, &e.Hold, &e.Child, &state}, e.SQ.Dest()...), e.Q.Dest()...)...); err != nil {
 			return err
 		}
-		lane = append(lane, e)
+		e.ChildState = sluice.TaskState(state)
+		entries = append(entries, e)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for _, e := range lane {
-		if e.hold != flow.HoldOwed && !t.Env.HasRoom() {
-			continue // it needs an environment slot
+	for i := range entries {
+		// Held copies win: they may hold changes not yet written.
+		entries[i].SQ, entries[i].Q = t.UseSubqueue(entries[i].SQ), t.UseQueue(entries[i].Q)
+	}
+	moves, err := t.ServeLane(entries, t.rateAllowance)
+	if err != nil {
+		return err
+	}
+	for _, m := range moves {
+		if m.Child != 0 {
+			t.exec("refill lane", `UPDATE tasks SET state = 'ready', rank = $1, rated = $2 WHERE id = $3`, m.Rank, m.Rated, m.Child)
 		}
-		if e.hold == flow.HoldMarked && e.childState != string(sluice.StateQueued) {
-			continue // its child does not wait on the wait list (yet)
+		state := `state`
+		if m.ParentReady {
+			state = `'ready'`
 		}
-		sq, q := t.UseSubqueue(e.sq), t.UseQueue(e.q)
-		if e.hold == flow.HoldOwed {
-			// The next slot of its sub-queue is its own, if there is one.
-			if to := t.Reconcile(sq, e.hold, sluice.TaskState(e.childState)); to != e.hold {
-				t.exec("refill lane", `UPDATE tasks SET wait_lent = $1 WHERE id = $2`, int(to), e.parent)
-			}
-			continue
-		}
-		if e.hold == flow.HoldEnvWait {
-			if err := t.Rejoin(sq, q); err != nil {
-				return err
-			}
-			t.exec("refill lane", `UPDATE tasks SET state = 'ready', wait_lent = 0 WHERE id = $1`, e.parent)
-			continue
-		}
-		if !t.CanHand(sq) {
-			continue
-		}
-		if sq.Rated() {
-			most, err := t.rateAllowance(sq)
-			if err != nil {
-				return err
-			}
-			if most == 0 {
-				continue
-			}
-		}
-		rank, err := t.Hand(sq, q)
-		if err != nil {
-			return err
-		}
-		t.exec("refill lane", `UPDATE tasks SET state = 'ready', rank = $1, rated = $2 WHERE id = $3`, rank, sq.Rated(), e.child)
-		t.exec("refill lane", `UPDATE tasks SET wait_lent = $1 WHERE id = $2`, int(flow.HoldLent), e.parent)
+		t.exec("refill lane", `UPDATE tasks SET state = `+state+`, wait_lent = $1 WHERE id = $2`, int(m.Hold), m.Parent)
 	}
 	return nil
 }

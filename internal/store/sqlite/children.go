@@ -364,83 +364,54 @@ func (t *txn) lane() error {
 	if t.Env.Lane() == 0 {
 		return nil
 	}
-	type entry struct {
-		parent, sq, child int64
-		queue             string
-		hold              flow.Hold
-		childState        sluice.TaskState
-	}
 	rows, err := t.tx.QueryContext(t.ctx, `SELECT p.id, p.sq, p.queue, p.wait_lent, coalesce(c.id, 0), coalesce(c.state, '')
 		FROM tasks p INDEXED BY tasks_lane LEFT JOIN tasks c ON c.id = p.wait_task WHERE p.wait_lent IN (2, 3, 4) ORDER BY p.id LIMIT ?`, flow.FillBatch)
 	if err != nil {
 		return fmt.Errorf("refill lane: %w", err)
 	}
-	var lane []entry
+	type row struct {
+		e     flow.LaneEntry
+		sq    int64
+		queue string
+	}
+	var read []row
 	for rows.Next() {
-		var e entry
-		if err := rows.Scan(&e.parent, &e.sq, &e.queue, &e.hold, &e.child, &e.childState); err != nil {
+		var r row
+		if err := rows.Scan(&r.e.Parent, &r.sq, &r.queue, &r.e.Hold, &r.e.Child, &r.e.ChildState); err != nil {
 			rows.Close()
 			return fmt.Errorf("refill lane: %w", err)
 		}
-		lane = append(lane, e)
+		read = append(read, r)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("refill lane: %w", err)
 	}
-	for _, e := range lane {
-		if e.hold != flow.HoldOwed && !t.Env.HasRoom() {
-			continue // it needs an environment slot
-		}
-		if e.hold == flow.HoldMarked && e.childState != sluice.StateQueued {
-			continue // its child does not wait on the wait list (yet)
-		}
-		sq, err := t.subqueue(e.sq)
-		if err != nil {
+	entries := make([]flow.LaneEntry, len(read))
+	for i, r := range read {
+		if r.e.SQ, err = t.subqueue(r.sq); err != nil {
 			return err
 		}
-		q, err := t.queue(e.queue, false)
-		if err != nil {
+		if r.e.Q, err = t.queue(r.queue, false); err != nil {
 			return err
 		}
-		if e.hold == flow.HoldOwed {
-			// The next slot of its sub-queue is its own, if there is one.
-			if to := t.Reconcile(sq, e.hold, e.childState); to != e.hold {
-				if _, err := t.exec(`UPDATE tasks SET wait_lent = ? WHERE id = ?`, to, e.parent); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if e.hold == flow.HoldEnvWait {
-			if err := t.Rejoin(sq, q); err != nil {
+		entries[i] = r.e
+	}
+	moves, err := t.ServeLane(entries, t.rateAllowance)
+	if err != nil {
+		return err
+	}
+	for _, m := range moves {
+		if m.Child != 0 {
+			if _, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ?, rated = ? WHERE id = ?`, m.Rank, m.Rated, m.Child); err != nil {
 				return err
 			}
-			if _, err := t.exec(`UPDATE tasks SET state = 'ready', wait_lent = 0 WHERE id = ?`, e.parent); err != nil {
-				return err
-			}
-			continue
 		}
-		if !t.CanHand(sq) {
-			continue
+		state := `state`
+		if m.ParentReady {
+			state = `'ready'`
 		}
-		if sq.Rated() {
-			most, err := t.rateAllowance(sq)
-			if err != nil {
-				return err
-			}
-			if most == 0 {
-				continue
-			}
-		}
-		rank, err := t.Hand(sq, q)
-		if err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE tasks SET state = 'ready', rank = ?, rated = ? WHERE id = ?`, rank, sq.Rated(), e.child); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE tasks SET wait_lent = ? WHERE id = ?`, flow.HoldLent, e.parent); err != nil {
+		if _, err := t.exec(`UPDATE tasks SET state = `+state+`, wait_lent = ? WHERE id = ?`, m.Hold, m.Parent); err != nil {
 			return err
 		}
 	}
