@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/inspect"
+	"github.com/sluice-dev/sluice/internal/ledger"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -123,6 +125,60 @@ func (h *harness) runWorker(w *sluice.Worker) (stop func()) {
 
 func workerConfig(name string, slots int) sluice.WorkerConfig {
 	return sluice.WorkerConfig{Name: name, Slots: slots, ShutdownTimeout: 5 * time.Second, Logger: testLogger()}
+}
+
+// leaseLossLogger is testLogger for worker name, telling the ledger when
+// the worker, still alive, loses its lease (ledger.LeaseLost) and the new
+// id it registers under (newID, may be nil). A worker starved of CPU on a
+// loaded machine (the suite under -race beside other builds) can miss its
+// lease: what it started then may run again elsewhere, the documented
+// at-least-once boundary (docs/operations.md, "A starved worker").
+func leaseLossLogger(l *ledger.Ledger, name string, newID func(id string)) *slog.Logger {
+	return slog.New(&leaseLossHandler{Handler: testLogger().Handler(), l: l, name: name, newID: newID})
+}
+
+type leaseLossHandler struct {
+	slog.Handler
+	l     *ledger.Ledger
+	name  string
+	newID func(id string)
+}
+
+// leaseLossMessages are the worker's log messages for a lease it lost
+// while alive (worker_lease.go).
+var leaseLossMessages = []string{
+	"server reports lost leases",
+	"the server forgot this worker",
+	"no call extended the lease for lease-loss-after",
+	"claimed tasks arrived after the lease may have expired",
+}
+
+func (h *leaseLossHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *leaseLossHandler) Handle(ctx context.Context, r slog.Record) error {
+	for _, m := range leaseLossMessages {
+		if strings.Contains(r.Message, m) {
+			h.l.LeaseLost(h.name)
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "new_worker_id" && h.newID != nil {
+					h.newID(a.Value.String())
+				}
+				return true
+			})
+		}
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *leaseLossHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &leaseLossHandler{Handler: h.Handler.WithAttrs(as), l: h.l, name: h.name, newID: h.newID}
+}
+
+func (h *leaseLossHandler) WithGroup(g string) slog.Handler {
+	return &leaseLossHandler{Handler: h.Handler.WithGroup(g), l: h.l, name: h.name, newID: h.newID}
 }
 
 // checkCounters asserts the store's slot counters match the tasks and no

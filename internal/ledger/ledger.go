@@ -93,6 +93,18 @@ type Ledger struct {
 	rerunOK    map[string]bool // AllowRerun
 	reruns     []Rerun
 	suspended  map[int64]bool // task id → lent (Suspend)
+	// pending are attempts started again after their start on a live
+	// worker had finished, excused once that worker reports a lost
+	// lease (LeaseLost); leaseLost are those workers.
+	pending   []pendingRerun
+	leaseLost map[string]bool
+}
+
+// pendingRerun is a rerun recorded as violations[violation] unless its
+// first worker lost its lease.
+type pendingRerun struct {
+	violation int
+	rerun     Rerun
 }
 
 // Rerun is an attempt started again after its start on a worker given to
@@ -129,9 +141,15 @@ func (l *Ledger) Start(worker string, t *sluice.TaskContext) (finish func(err er
 	}
 	a := Attempt{t.ID, t.Attempt}
 	if prev, ok := l.started[a]; ok {
-		if l.rerunOK[prev.Worker] && !(isLive && running.Seq == prev.Seq) {
+		switch sequential := !(isLive && running.Seq == prev.Seq); {
+		case l.rerunOK[prev.Worker] && sequential:
 			l.reruns = append(l.reruns, Rerun{First: prev, Again: ev})
-		} else {
+		default:
+			if sequential {
+				// Excused if prev's worker reports a lost lease, even
+				// later (LeaseLost): its report comes after the rerun.
+				l.pending = append(l.pending, pendingRerun{violation: len(l.violations), rerun: Rerun{First: prev, Again: ev}})
+			}
 			l.violate(ev, "task %d attempt %d started twice (on %s at #%d, again on %s)", t.ID, t.Attempt, prev.Worker, prev.Seq, worker)
 		}
 	}
@@ -212,19 +230,63 @@ func (l *Ledger) AllowRerun(worker string) {
 	l.rerunOK[worker] = true
 }
 
-// Reruns returns the attempts started again that AllowRerun let pass, in
-// order.
+// LeaseLost records that worker, still alive, presumed or was told its
+// lease lost (its process was starved of CPU past LeaseLossAfter, or the
+// server swept it): an attempt it had started, which the server then
+// handed to another worker under the same attempt number (a handed-over
+// successor whose report had not landed goes back uncharged), may run
+// again — the documented at-least-once boundary of a worker that goes
+// silent (docs/operations.md, "A starved worker"). Such a rerun, once its
+// first run had finished, is a rerun (Reruns), not a violation, whenever
+// the loss is recorded; two runs of one attempt at once stay violations.
+func (l *Ledger) LeaseLost(worker string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.leaseLost == nil {
+		l.leaseLost = map[string]bool{}
+	}
+	l.leaseLost[worker] = true
+}
+
+// excused returns the violations LeaseLost excuses, by index; the
+// caller holds l.mu.
+func (l *Ledger) excused() map[int]Rerun {
+	out := map[int]Rerun{}
+	for _, p := range l.pending {
+		if l.leaseLost[p.rerun.First.Worker] {
+			out[p.violation] = p.rerun
+		}
+	}
+	return out
+}
+
+// Reruns returns the attempts started again that AllowRerun or LeaseLost
+// let pass, in order.
 func (l *Ledger) Reruns() []Rerun {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return slices.Clone(l.reruns)
+	out := slices.Clone(l.reruns)
+	for _, p := range l.pending {
+		if l.leaseLost[p.rerun.First.Worker] {
+			out = append(out, p.rerun)
+		}
+	}
+	slices.SortFunc(out, func(a, b Rerun) int { return int(a.Again.Seq - b.Again.Seq) })
+	return out
 }
 
 // Violations returns every broken invariant seen, in order.
 func (l *Ledger) Violations() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return slices.Clone(l.violations)
+	ex := l.excused()
+	var out []string
+	for i, v := range l.violations {
+		if _, ok := ex[i]; !ok {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Events returns every event in order.

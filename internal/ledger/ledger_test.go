@@ -141,7 +141,9 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 		}
 	}
 
-	ids := map[string]string{} // worker name → id
+	ids := map[string]string{}  // worker name → id
+	byID := map[string]string{} // id → worker name, every registration
+	var idsMu sync.Mutex
 	var stopDoomed func()
 	for _, s := range specs {
 		var b sluice.Backend = h.b
@@ -155,7 +157,21 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 			doomed = newCrashable(b, func() bool { return l.Finished() >= total/3 })
 			b, crashed = doomed, doomed.dark.Load
 		}
-		w := sluice.NewWorker(b, workerConfig(s.name, s.slots))
+		cfg := workerConfig(s.name, s.slots)
+		// A live worker starved of CPU (the suite under -race on a
+		// loaded machine) must give its tasks up well before the
+		// server sweeps it: heartbeats every 500ms, leases presumed
+		// lost at half the lease, not at lease − interval/2. A worker
+		// that still loses its lease tells the ledger (its reruns are
+		// the documented at-least-once boundary) and its new id.
+		cfg.HeartbeatInterval, cfg.LeaseLossAfter = 500*time.Millisecond, lease/2
+		name := s.name
+		cfg.Logger = leaseLossLogger(l, name, func(id string) {
+			idsMu.Lock()
+			byID[id] = name
+			idsMu.Unlock()
+		})
+		w := sluice.NewWorker(b, cfg)
 		w.Register("alpha", handler(s.name, crashed))
 		w.Register("beta", handler(s.name, crashed))
 		stop := h.runWorker(w)
@@ -164,9 +180,15 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 		}
 		ids[s.name] = w.ID()
 	}
-	byID := map[string]string{}
+	idsMu.Lock()
 	for n, id := range ids {
 		byID[id] = n
+	}
+	idsMu.Unlock()
+	nameOf := func(id string) string {
+		idsMu.Lock()
+		defer idsMu.Unlock()
+		return byID[id]
 	}
 
 	// The counters must hold at every commit, not only at the end: check
@@ -349,8 +371,8 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 			require.NotNil(t, a.FinishedAt, "task %d attempt %d", id, a.Attempt)
 			k := key{TaskID: id, Attempt: a.Attempt}
 			st, ok := starts[k]
-			require.True(t, ok, "task %d attempt %d (on %s) never started in a handler", id, a.Attempt, byID[a.WorkerID])
-			require.Equal(t, ids[st.Worker], a.WorkerID, "task %d attempt %d: worker", id, a.Attempt)
+			require.True(t, ok, "task %d attempt %d (on %s) never started in a handler", id, a.Attempt, nameOf(a.WorkerID))
+			require.Equal(t, st.Worker, nameOf(a.WorkerID), "task %d attempt %d: worker", id, a.Attempt)
 			fin, ok := finishes[k]
 			require.True(t, ok, "task %d attempt %d: handler never finished", id, a.Attempt)
 			switch {
@@ -370,7 +392,7 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 			require.Equal(t, 1, succeeded, "task %d: succeeded attempts %+v", id, task.Attempts)
 			last := task.Attempts[len(task.Attempts)-1]
 			require.Equal(t, sluice.StateSucceeded, last.State, "task %d: the success is not the last attempt", id)
-			require.JSONEq(t, fmt.Sprintf(`{"attempt":%d,"worker":%q}`, last.Attempt, byID[last.WorkerID]), string(task.Output), "task %d output", id)
+			require.JSONEq(t, fmt.Sprintf(`{"attempt":%d,"worker":%q}`, last.Attempt, nameOf(last.WorkerID)), string(task.Output), "task %d output", id)
 		} else {
 			require.Zero(t, succeeded, "task %d", id)
 			require.Contains(t, task.Error, "permanent", "task %d", id)
@@ -418,16 +440,21 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 	// the server does not know of, but for the successors the doomed
 	// worker started on its slots (handover) in its last round trip,
 	// which the server never saw start: each ran again on another worker
-	// under the same attempt number, the one the server recorded.
+	// under the same attempt number, the one the server recorded. (A
+	// live worker that lost its lease, starved of CPU, is the same case:
+	// the ledger excuses its reruns only if it reported the loss.)
 	reruns := l.Reruns()
+	starved := 0
 	for _, r := range reruns {
-		require.Equal(t, "doomed", r.First.Worker, "task %d attempt %d", r.Again.TaskID, r.Again.Attempt)
+		if r.First.Worker != "doomed" {
+			starved++
+		}
 		task := final[r.Again.TaskID]
 		require.GreaterOrEqual(t, len(task.Attempts), r.Again.Attempt, "task %d", r.Again.TaskID)
-		require.Equal(t, ids[r.Again.Worker], task.Attempts[r.Again.Attempt-1].WorkerID, "task %d attempt %d: the recorded run", r.Again.TaskID, r.Again.Attempt)
+		require.Equal(t, r.Again.Worker, nameOf(task.Attempts[r.Again.Attempt-1].WorkerID), "task %d attempt %d: the recorded run", r.Again.TaskID, r.Again.Attempt)
 	}
 	if len(reruns) > 0 {
-		t.Logf("%d successors the crashed worker started unreported ran again under the same attempt number", len(reruns))
+		t.Logf("%d successors started unreported ran again under the same attempt number (%d by a live worker that lost its lease)", len(reruns), starved)
 	}
 	require.Equal(t, len(starts), seenAttempts, "handler starts vs recorded attempts")
 

@@ -129,3 +129,28 @@ func TestOverlap(t *testing.T) {
 	n, _ = ledger.MaxOverlapHalfOpen(append(iv[:2:2], ledger.Interval{Start: at(50), End: at(120)}))
 	require.Equal(t, 2, n)
 }
+
+// A rerun of an attempt first started on a live worker is excused once
+// that worker reports a lost lease (even after the rerun); two runs of
+// one attempt at once never are.
+func TestLedgerLeaseLost(t *testing.T) {
+	t.Parallel()
+	tc := func(id int64, attempt int) *sluice.TaskContext {
+		return &sluice.TaskContext{ID: id, Attempt: attempt, Queue: "q"}
+	}
+	l := ledger.New(ledger.Limits{})
+	l.Start("starved", tc(1, 1))(nil)
+	l.Start("other", tc(1, 1))(nil)
+	require.Len(t, l.Violations(), 1, "a rerun until its worker reports the loss")
+	finish := l.Start("starved", tc(2, 1))
+	l.Start("other", tc(2, 1))(nil)
+	finish(nil)
+	l.LeaseLost("starved")
+	require.Len(t, l.Violations(), 2, "task 2 ran twice at once: still violations")
+	require.Contains(t, l.Violations()[0], "task 2 attempt 1 started on other while attempt 1 still runs on starved")
+	require.Contains(t, l.Violations()[1], "task 2 attempt 1 started twice")
+	rr := l.Reruns()
+	require.Len(t, rr, 1)
+	require.Equal(t, int64(1), rr[0].Again.TaskID)
+	require.Equal(t, "starved", rr[0].First.Worker)
+}
