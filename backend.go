@@ -42,6 +42,15 @@ type Backend interface {
 	// Environment returns the environment limit, the admission ceiling
 	// and what counts against each.
 	Environment(ctx context.Context) (*Environment, error)
+	// Doctor recomputes every counter from the rows it counts and looks
+	// for what no transaction leaves behind (see DoctorReport); it
+	// changes nothing. A healthy database has no finding.
+	Doctor(ctx context.Context) (*DoctorReport, error)
+	// RepairCounters sets every counter that differs from its rows to
+	// the number they give, in one write transaction, and reports what
+	// it changed (Repairs) and what the checks find after it (Findings:
+	// what it does not repair, which each finding's Fix explains).
+	RepairCounters(ctx context.Context) (*DoctorReport, error)
 
 	// The worker protocol.
 	RegisterWorker(ctx context.Context, p RegisterWorkerParams) (*WorkerRegistration, error)

@@ -545,6 +545,12 @@ func (f *fakeBackend) ListWorkers(context.Context) ([]WorkerInfo, error) {
 func (f *fakeBackend) Environment(context.Context) (*Environment, error) {
 	return nil, errFakeUnimplemented
 }
+func (f *fakeBackend) Doctor(context.Context) (*DoctorReport, error) {
+	return nil, errFakeUnimplemented
+}
+func (f *fakeBackend) RepairCounters(context.Context) (*DoctorReport, error) {
+	return nil, errFakeUnimplemented
+}
 
 // fillLocked makes ready tasks until there are n, when endless (f.mu
 // held).

@@ -30,7 +30,9 @@ const (
 func startServer(t *testing.T, cfg server.Config) string {
 	t.Helper()
 	cfg.Addr = "127.0.0.1:0"
-	cfg.DB = "sqlite:" + filepath.Join(t.TempDir(), "sluice.db")
+	if cfg.DB == "" {
+		cfg.DB = "sqlite:" + filepath.Join(t.TempDir(), "sluice.db")
+	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	if !cfg.AuthDisabled {
 		cfg.AdminToken, cfg.WorkerToken = e2eAdminToken, e2eWorkerToken

@@ -47,8 +47,13 @@ func usagef(format string, args ...any) error {
 	return &usageError{fmt.Errorf(format, args...)}
 }
 
+// exitStatuser is an error that ends the process with its own exit
+// status (`sluice doctor` found something: 3).
+type exitStatuser interface{ ExitStatus() int }
+
 // run executes the command line and returns the process exit status:
-// 0 on success, 1 on a runtime error, 2 on a usage or configuration error.
+// 0 on success, 1 on a runtime error, 2 on a usage or configuration
+// error, or the status an exitStatuser error names.
 func (a *app) run(ctx context.Context, args []string) int {
 	return a.execute(ctx, a.newRootCmd(), args)
 }
@@ -64,6 +69,10 @@ func (a *app) execute(ctx context.Context, root *cobra.Command, args []string) i
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return 2
+	}
+	var es exitStatuser
+	if errors.As(err, &es) {
+		return es.ExitStatus()
 	}
 	return 1
 }

@@ -87,6 +87,8 @@ var Routes = []Route{
 	{"GET", "/metrics", ScopeAdmin, (*api).metrics},
 
 	{"GET", "/v1/environment", ScopeAdmin, (*api).environment},
+	{"GET", "/v1/doctor", ScopeAdmin, (*api).doctor},
+	{"POST", "/v1/doctor/repair", ScopeAdmin, (*api).repairCounters},
 
 	{"GET", "/v1/queues", ScopeAdmin, (*api).listQueues},
 	{"GET", "/v1/queues/{name}", ScopeAdmin, (*api).getQueue},

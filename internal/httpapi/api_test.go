@@ -79,6 +79,14 @@ func TestHappyPaths(t *testing.T) {
 			require.JSONEq(t, `{"status":"ok"}`, string(b))
 		}},
 		{"GET", "/readyz", "", 200, "", nil},
+		{"GET", "/v1/doctor", "", 200, "Doctor", func(t *testing.T, b []byte, _ *fakeBackend) {
+			require.JSONEq(t, `{"findings": [{"check": "sub-queue running", "subject": "email/", "have": 3, "want": 2, "repairable": true,
+				"message": "counter 3, its rows give 2", "fix": "sluice doctor --repair"}], "repairs": [], "checks": 27, "took": "3ms"}`, string(b))
+		}},
+		{"POST", "/v1/doctor/repair", "", 200, "RepairCounters", func(t *testing.T, b []byte, _ *fakeBackend) {
+			require.JSONEq(t, `{"findings": [], "repairs": [{"check": "sub-queue running", "subject": "email/", "from": 3, "to": 2}],
+				"checks": 27, "took": "5ms"}`, string(b))
+		}},
 		{"PUT", "/v1/queues/email", `{"concurrency_limit": 3, "max_backlog": null}`, 200, "PutQueue", func(t *testing.T, b []byte, f *fakeBackend) {
 			p := f.Calls()[0].Arg.(sluice.QueueParams)
 			require.Equal(t, 3, *p.ConcurrencyLimit.Value)
@@ -428,6 +436,8 @@ func TestAuth(t *testing.T) {
 		"GET /metrics":                               "",
 		"GET /v1/queues":                             "",
 		"GET /v1/environment":                        "",
+		"GET /v1/doctor":                             "",
+		"POST /v1/doctor/repair":                     "",
 		"GET /v1/tasks":                              "",
 		"GET /v1/workers":                            "",
 		"GET /healthz":                               "",

@@ -177,6 +177,23 @@ func (f *fakeBackend) Environment(ctx context.Context) (*sluice.Environment, err
 	return &sluice.Environment{MaxRunning: 10, Running: 2, MaxActive: 100, Active: 5}, nil
 }
 
+func (f *fakeBackend) Doctor(ctx context.Context) (*sluice.DoctorReport, error) {
+	if err := f.record("Doctor", nil); err != nil {
+		return nil, err
+	}
+	return &sluice.DoctorReport{Checks: 27, Took: sluice.Duration(3 * time.Millisecond), Repairs: []sluice.CounterRepair{},
+		Findings: []sluice.DoctorFinding{{Check: "sub-queue running", Subject: "email/", Have: 3, Want: 2, Repairable: true,
+			Message: "counter 3, its rows give 2", Fix: "sluice doctor --repair"}}}, nil
+}
+
+func (f *fakeBackend) RepairCounters(ctx context.Context) (*sluice.DoctorReport, error) {
+	if err := f.record("RepairCounters", nil); err != nil {
+		return nil, err
+	}
+	return &sluice.DoctorReport{Checks: 27, Took: sluice.Duration(5 * time.Millisecond), Findings: []sluice.DoctorFinding{},
+		Repairs: []sluice.CounterRepair{{Check: "sub-queue running", Subject: "email/", From: 3, To: 2}}}, nil
+}
+
 func (f *fakeBackend) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerParams) (*sluice.WorkerRegistration, error) {
 	if err := f.record("RegisterWorker", p); err != nil {
 		return nil, err

@@ -25,6 +25,8 @@ func TestStoreUnavailable(t *testing.T) {
 	calls := map[string]string{ // route pattern → a valid body
 		"GET /v1/queues":                             "",
 		"GET /v1/environment":                        "",
+		"GET /v1/doctor":                             "",
+		"POST /v1/doctor/repair":                     "",
 		"GET /v1/queues/{name}":                      "",
 		"PUT /v1/queues/{name}":                      `{}`,
 		"DELETE /v1/queues/{name}":                   "",

@@ -460,36 +460,6 @@ func AddStateCounts(q *sluice.Queue, rows Rows) error {
 	return rows.Err()
 }
 
-// CheckCounters runs the checks of Store.CheckCounters, each a pair of
-// what it checks and the store's SQL for its rows of (key, counter,
-// actual), one per mismatch, and describes each mismatch.
-func CheckCounters(ctx context.Context, r Reader, checks [][2]string) ([]string, error) {
-	var bad []string
-	for _, c := range checks {
-		what := c[0]
-		rows, done, err := r.Query(ctx, c[1])
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		for rows.Next() {
-			var key string
-			var have, want int64
-			if err = rows.Scan(&key, &have, &want); err != nil {
-				break
-			}
-			bad = append(bad, fmt.Sprintf("%s %s: counter %d, actual %d", what, key, have, want))
-		}
-		if err == nil {
-			err = rows.Err()
-		}
-		done()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-	}
-	return bad, nil
-}
-
 // GetEnvStatus reads the environment row (sql: max_running, running,
 // active).
 func GetEnvStatus(ctx context.Context, r Reader, sql string) (EnvStatus, error) {

@@ -341,9 +341,20 @@ type Store interface {
 	// attempts) that finished before before, oldest first, in one short
 	// transaction, and returns how many (S-ST4).
 	DeleteFinished(ctx context.Context, before time.Time, limit int) (int, error)
-	// CheckCounters recomputes every slot counter (and every run step's
-	// counters) from the tasks and returns a description of each mismatch
-	// (tests and `sluice doctor`).
+	// Doctor runs the doctor's checks (doctor.go: every counter
+	// recomputed from the rows it counts, and the states no transaction
+	// leaves behind) on one consistent view of the database, without
+	// blocking writes, and returns the findings: none on a healthy
+	// database, however busy (`sluice doctor`).
+	Doctor(ctx context.Context, o DoctorOptions) ([]sluice.DoctorFinding, error)
+	// RepairCounters sets every counter that differs from the number its
+	// rows give to that number, in one write transaction (which ends
+	// with the refill, as every write does), and returns what it changed
+	// (Recount.Apply).
+	RepairCounters(ctx context.Context) ([]sluice.CounterRepair, Outcome, error)
+	// CheckCounters runs the doctor's checks but the late ones (which
+	// need a live clock), and the engine's invariants besides
+	// (Check.Invariant), and describes each finding (tests).
 	CheckCounters(ctx context.Context) ([]string, error)
 
 	RunStore

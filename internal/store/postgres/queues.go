@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -189,98 +188,4 @@ func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
 	return store.GetSubqueueStatus(ctx, s.reader(),
 		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = $1`, taskID)
-}
-
-// CheckCounters recomputes the counters from the tasks; see store.Store.
-// The checks run in one read-only REPEATABLE READ transaction, so on a live
-// database they see one snapshot (counters are exact at every commit).
-// PostgreSQL cannot use a SELECT alias in WHERE, hence the subqueries; the
-// counts are grouped in one pass rather than one scan per sub-queue.
-func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, fmt.Errorf("checking counters: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	return store.CheckCounters(ctx, reader{tx}, [][2]string{
-		{"sub-queue running", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.running AS have, coalesce(c.n, 0) AS n
-			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state IN ('ready', 'running') OR state = 'suspended' AND wait_lent NOT IN (1, 4)
-				GROUP BY sq) c ON c.sq = s.id) x
-			WHERE have != n`},
-		// Slots lent to suspended parents, and the refill's lane
-		// (flow/lend.go, children.go).
-		{"sub-queue lent", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.lent AS have, coalesce(c.n, 0) AS n
-			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'suspended' AND wait_lent IN (1, 2, 4) GROUP BY sq) c ON c.sq = s.id) x
-			WHERE have != n`},
-		{"hold out of state", `SELECT 'task ' || id, wait_lent::bigint, 0::bigint FROM tasks WHERE wait_lent != 0 AND state != 'suspended'`},
-		{"sub-queue lends over limit", `SELECT s.queue || '/' || s.ckey, s.lent, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.lent > s.lim`},
-		{"env lane", `SELECT 'env', have, n FROM (SELECT e.lane AS have,
-			(SELECT count(*) FROM tasks WHERE state = 'suspended' AND wait_lent IN (2, 3, 4)) AS n FROM env e) x WHERE have != n`},
-		{"lent pair", `SELECT 'task ' || p.id, p.wait_lent::bigint, (c.state IN ('ready', 'running', 'suspended'))::int::bigint FROM tasks p JOIN tasks c ON c.id = p.wait_task
-			WHERE p.state = 'suspended' AND (p.wait_lent = 1 AND c.state NOT IN ('ready', 'running', 'suspended')
-				OR p.wait_lent = 2 AND c.state IN ('ready', 'running', 'suspended', 'succeeded', 'failed', 'cancelled')
-				OR p.wait_lent = 4 AND c.state IN ('ready', 'running', 'suspended'))`},
-		{"idle lane", `SELECT 'task ' || p.id, p.wait_lent::bigint, 0::bigint FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task JOIN subqueues s ON s.id = p.sq, env e
-			WHERE p.state = 'suspended' AND (e.max_running = 0 OR e.running < e.max_running)
-				AND (p.wait_lent = 3 OR p.wait_lent = 2 AND c.state = 'queued' AND NOT s.paused AND s.rwait IS NULL)
-			OR p.state = 'suspended' AND p.wait_lent = 4 AND (s.lim IS NULL OR s.running < s.lim)`},
-		{"sub-queue queued", `SELECT k, have, n FROM (SELECT s.queue || '/' || s.ckey AS k, s.queued AS have, coalesce(c.n, 0) AS n
-			FROM subqueues s LEFT JOIN (SELECT sq, count(*) AS n FROM tasks WHERE state = 'queued' GROUP BY sq) c ON c.sq = s.id) x
-			WHERE have != n`},
-		{"sub-queue over limit", `SELECT s.queue || '/' || s.ckey, s.running, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.running > s.lim`},
-		{"queue active", `SELECT k, have, n FROM (SELECT q.name AS k, q.active AS have, coalesce(c.n, 0) AS n
-			FROM queues q LEFT JOIN (SELECT queue, count(*) AS n FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled') GROUP BY queue) c
-			ON c.queue = q.name) x WHERE have != n`},
-		{"env running", `SELECT 'env', have, n FROM (SELECT e.running AS have,
-			(SELECT count(*) FROM tasks WHERE state IN ('ready', 'running')) AS n FROM env e) x WHERE have != n`},
-		{"env active", `SELECT 'env', have, n FROM (SELECT e.active AS have,
-			(SELECT count(*) FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM env e) x WHERE have != n`},
-		{"env over limit", `SELECT 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`},
-		// A reserved task follows, on its worker and in its sub-queue
-		// (handover), a running task or a reserved one that follows a
-		// running task (a chain of two at most), and is that task's
-		// only successor.
-		{"reserved task", `SELECT 'task ' || r.id, coalesce(r.after_id, 0), coalesce(p.id, 0) FROM tasks r LEFT JOIN tasks p ON p.id = r.after_id
-			LEFT JOIN tasks pp ON pp.id = p.after_id AND p.state = 'reserved'
-			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.worker_id IS DISTINCT FROM r.worker_id OR p.sq != r.sq OR (p.state = 'running' OR
-				p.state = 'reserved' AND pp.state = 'running' AND pp.worker_id = r.worker_id AND pp.sq = r.sq) IS NOT TRUE)`},
-		{"successors", `SELECT 'task ' || after_id, count(*), 1::bigint FROM tasks WHERE state = 'reserved' GROUP BY after_id HAVING count(*) > 1`},
-		// No idle capacity (S-FC2): with room in the environment, no
-		// sub-queue with room may have tasks waiting.
-		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0::bigint FROM subqueues s, env e
-			WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND (e.max_running = 0 OR e.running < e.max_running)`},
-		// Rate limits (rate.go): a ready task of a rate-limited
-		// sub-queue was made ready on its bucket's allowance, and a
-		// bucket never has more such tasks than its limit.
-		{"ready without rate allowance", `SELECT 'task ' || t.id, 0::bigint, 1::bigint FROM tasks t JOIN subqueues s ON s.id = t.sq
-			WHERE t.state = 'ready' AND s.rbucket IS NOT NULL AND NOT t.rated`},
-		{"rate pending over limit", `SELECT s.rbucket, count(*), max(s.rlim) FROM tasks t JOIN subqueues s ON s.id = t.sq
-			WHERE t.state = 'ready' AND t.rated AND s.rbucket IS NOT NULL GROUP BY s.rbucket HAVING count(*) > max(s.rlim)`},
-		// Run steps (windows.go): their counters, their windows never
-		// exceeded, and no idle window while items wait.
-		{"step remaining", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.remaining AS have, coalesce(c.n, 0) AS n
-			FROM run_steps s LEFT JOIN (SELECT step_id, count(*) AS n FROM tasks
-				WHERE step_id IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'cancelled') GROUP BY step_id) c ON c.step_id = s.id) x
-			WHERE have != n`},
-		{"step waiting", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.waiting AS have, coalesce(c.n, 0) AS n
-			FROM run_steps s LEFT JOIN (SELECT step_id, count(*) AS n FROM tasks WHERE state = 'waiting' GROUP BY step_id) c ON c.step_id = s.id) x
-			WHERE have != n`},
-		{"step active", `SELECT k, have, n FROM (SELECT 'step ' || s.id AS k, s.active AS have, coalesce(c.n, 0) AS n
-			FROM run_steps s LEFT JOIN (SELECT step_id, count(*) AS n FROM tasks
-				WHERE step_id IS NOT NULL AND windowed AND state NOT IN ('succeeded', 'failed', 'cancelled') GROUP BY step_id) c ON c.step_id = s.id) x
-			WHERE have != n`},
-		{"step over window", `SELECT 'step ' || s.id, s.active, s.win FROM run_steps s WHERE s.win IS NOT NULL AND s.active > s.win`},
-		{"idle window", `SELECT 'step ' || s.id, s.waiting, 0::bigint FROM run_steps s
-			WHERE s.state = 'running' AND s.waiting > 0 AND (s.win IS NULL OR s.active < s.win)`},
-		{"unsettled", `SELECT 'task ' || t.id, 0::bigint, 1::bigint FROM tasks t
-			WHERE t.step_id IS NOT NULL AND NOT t.settled AND t.state IN ('succeeded', 'failed', 'cancelled')`},
-		{"step of an ended run", `SELECT 'step ' || s.id, 1::bigint, 0::bigint FROM run_steps s JOIN runs r ON r.id = s.run_id
-			WHERE s.state = 'running' AND r.state IN ('succeeded', 'failed', 'cancelled')`},
-		// Workflow concurrency: a place per running run (or paused from
-		// running), none for queued ones.
-		{"run places", `SELECT k, have, n FROM (SELECT p.workflow || '/' || p.ckey AS k, p.active AS have, (SELECT count(*) FROM runs r
-				WHERE r.workflow = p.workflow AND r.ckey = p.ckey AND r.climit > 0
-					AND (r.state = 'running' OR r.state = 'paused' AND r.paused_from = 'running')) AS n
-			FROM run_slots p) x WHERE have != n`},
-	})
 }

@@ -12,9 +12,9 @@ import (
 // Queues, pause and the environment limit. The Store methods here mirror
 // the PostgreSQL store's queues.go one for one; what they share lives in
 // the flow-control core (flow) and in package store (GetQueue,
-// ListQueues, CheckCounters…), and what is written twice is each
-// method's shell around this store's own statements (which is why
-// `duplicates` still pairs the two files).
+// ListQueues…), and what is written twice is each method's shell around
+// this store's own statements (which is why `duplicates` still pairs the
+// two files). The counters' checks are the doctor's (doctor.go).
 
 // PutQueue creates or reconfigures a queue. A raised limit is filled at
 // once; a lowered one lets running tasks finish and promotes nothing until
@@ -218,67 +218,4 @@ func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
 	return store.GetSubqueueStatus(ctx, s.reader(),
 		`SELECT s.queue, s.ckey, s.lim, s.running, s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ?`, taskID)
-}
-
-// CheckCounters recomputes the counters from the tasks; see store.Store.
-func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
-	// On the writer connection: it sees every commit.
-	return store.CheckCounters(ctx, reader{s.w}, [][2]string{
-		{"sub-queue running", `SELECT s.queue || '/' || s.ckey, s.running, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND (t.state IN ('ready', 'running')
-			OR t.state = 'suspended' AND t.wait_lent NOT IN (1, 4))) AS n FROM subqueues s WHERE s.running != n`},
-		// Slots lent to suspended parents, and the refill's lane
-		// (flow/lend.go, children.go).
-		{"sub-queue lent", `SELECT s.queue || '/' || s.ckey, s.lent, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'suspended' AND t.wait_lent IN (1, 2, 4)) AS n
-			FROM subqueues s WHERE s.lent != n`},
-		{"hold out of state", `SELECT 'task ' || id, wait_lent, 0 FROM tasks WHERE wait_lent != 0 AND state != 'suspended'`},
-		{"sub-queue lends over limit", `SELECT s.queue || '/' || s.ckey, s.lent, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.lent > s.lim`},
-		{"env lane", `SELECT 'env', e.lane, (SELECT count(*) FROM tasks WHERE state = 'suspended' AND wait_lent IN (2, 3, 4)) AS n FROM env e WHERE e.lane != n`},
-		{"lent pair", `SELECT 'task ' || p.id, p.wait_lent, c.state IN ('ready', 'running', 'suspended') FROM tasks p JOIN tasks c ON c.id = p.wait_task
-			WHERE p.state = 'suspended' AND (p.wait_lent = 1 AND c.state NOT IN ('ready', 'running', 'suspended')
-				OR p.wait_lent = 2 AND c.state IN ('ready', 'running', 'suspended', 'succeeded', 'failed', 'cancelled')
-				OR p.wait_lent = 4 AND c.state IN ('ready', 'running', 'suspended'))`},
-		{"idle lane", `SELECT 'task ' || p.id, p.wait_lent, 0 FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task JOIN subqueues s ON s.id = p.sq, env e
-			WHERE p.state = 'suspended' AND (e.max_running = 0 OR e.running < e.max_running)
-				AND (p.wait_lent = 3 OR p.wait_lent = 2 AND c.state = 'queued' AND s.paused = 0 AND s.rwait IS NULL)
-			OR p.state = 'suspended' AND p.wait_lent = 4 AND (s.lim IS NULL OR s.running < s.lim)`},
-		{"sub-queue queued", `SELECT s.queue || '/' || s.ckey, s.queued, (SELECT count(*) FROM tasks t WHERE t.sq = s.id AND t.state = 'queued') AS n FROM subqueues s WHERE s.queued != n`},
-		{"sub-queue over limit", `SELECT s.queue || '/' || s.ckey, s.running, s.lim FROM subqueues s WHERE s.lim IS NOT NULL AND s.running > s.lim`},
-		{"queue active", `SELECT q.name, q.active, (SELECT count(*) FROM tasks t WHERE t.queue = q.name AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM queues q WHERE q.active != n`},
-		{"env running", `SELECT 'env', e.running, (SELECT count(*) FROM tasks WHERE state IN ('ready', 'running')) AS n FROM env e WHERE e.running != n`},
-		{"env active", `SELECT 'env', e.active, (SELECT count(*) FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM env e WHERE e.active != n`},
-		// A reserved task follows, on its worker and in its sub-queue
-		// (handover), a running task or a reserved one that follows a
-		// running task (a chain of two at most), and is that task's
-		// only successor.
-		{"reserved task", `SELECT 'task ' || r.id, r.after_id, coalesce(p.id, 0) FROM tasks r LEFT JOIN tasks p ON p.id = r.after_id
-			LEFT JOIN tasks pp ON pp.id = p.after_id AND p.state = 'reserved'
-			WHERE r.state = 'reserved' AND (p.id IS NULL OR p.worker_id IS NOT r.worker_id OR p.sq != r.sq OR coalesce(p.state = 'running' OR
-				p.state = 'reserved' AND pp.state = 'running' AND pp.worker_id IS r.worker_id AND pp.sq = r.sq, 0) = 0)`},
-		{"successors", `SELECT 'task ' || after_id, count(*), 1 FROM tasks WHERE state = 'reserved' GROUP BY after_id HAVING count(*) > 1`},
-		{"env over limit", `SELECT 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`},
-		// No idle capacity (S-FC2): with room in the environment, no
-		// sub-queue with room may have tasks waiting.
-		{"idle capacity", `SELECT s.queue || '/' || s.ckey, s.queued, 0 FROM subqueues s, env e
-			WHERE s.queued > 0 AND s.paused = 0 AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND (e.max_running = 0 OR e.running < e.max_running)`},
-		// Rate limits (rate.go): a ready task of a rate-limited
-		// sub-queue was made ready on its bucket's allowance, and a
-		// bucket never has more such tasks than its limit.
-		{"ready without rate allowance", `SELECT 'task ' || t.id, 0, 1 FROM tasks t JOIN subqueues s ON s.id = t.sq
-			WHERE t.state = 'ready' AND s.rbucket IS NOT NULL AND NOT t.rated`},
-		{"rate pending over limit", `SELECT s.rbucket, count(*), max(s.rlim) FROM tasks t JOIN subqueues s ON s.id = t.sq
-			WHERE t.state = 'ready' AND t.rated AND s.rbucket IS NOT NULL GROUP BY s.rbucket HAVING count(*) > max(s.rlim)`},
-		// Run steps (windows.go): their counters, their windows never
-		// exceeded, and no idle window while items wait.
-		{"step remaining", `SELECT 'step ' || s.id, s.remaining, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM run_steps s WHERE s.remaining != n`},
-		{"step waiting", `SELECT 'step ' || s.id, s.waiting, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.state = 'waiting') AS n FROM run_steps s WHERE s.waiting != n`},
-		{"step active", `SELECT 'step ' || s.id, s.active, (SELECT count(*) FROM tasks t WHERE t.step_id = s.id AND t.windowed = 1 AND t.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n FROM run_steps s WHERE s.active != n`},
-		{"step over window", `SELECT 'step ' || s.id, s.active, s.win FROM run_steps s WHERE s.win IS NOT NULL AND s.active > s.win`},
-		{"idle window", `SELECT 'step ' || s.id, s.waiting, 0 FROM run_steps s WHERE s.state = 'running' AND s.waiting > 0 AND (s.win IS NULL OR s.active < s.win)`},
-		{"unsettled", `SELECT 'task ' || t.id, 0, 1 FROM tasks t WHERE t.step_id IS NOT NULL AND t.settled = 0 AND t.state IN ('succeeded', 'failed', 'cancelled')`},
-		{"step of an ended run", `SELECT 'step ' || s.id, 1, 0 FROM run_steps s JOIN runs r ON r.id = s.run_id WHERE s.state = 'running' AND r.state IN ('succeeded', 'failed', 'cancelled')`},
-		// Workflow concurrency: a place per running run (or paused from
-		// running), none for queued ones.
-		{"run places", `SELECT p.workflow || '/' || p.ckey, p.active, (SELECT count(*) FROM runs r WHERE r.workflow = p.workflow AND r.ckey = p.ckey
-			AND r.climit > 0 AND (r.state = 'running' OR r.state = 'paused' AND r.paused_from = 'running')) AS n FROM run_slots p WHERE p.active != n`},
-	})
 }

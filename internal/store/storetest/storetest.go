@@ -53,6 +53,7 @@ var areas = []tests{
 	childTests,
 	childModelTests,
 	childLendTests,
+	doctorTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would
