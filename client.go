@@ -389,7 +389,8 @@ func isDialError(err error) bool {
 }
 
 // decodeError turns a non-2xx response into *Error (503 store_unavailable
-// matches ErrStoreUnavailable), or *AdmissionError for 429.
+// matches ErrStoreUnavailable), or *AdmissionError for 429, either with
+// the answer's Retry-After.
 func decodeError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var env struct {
@@ -408,14 +409,16 @@ func decodeError(resp *http.Response) error {
 			e.Message += ": " + truncate(s, 200)
 		}
 	}
+	retryAfter := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 	if resp.StatusCode == http.StatusTooManyRequests {
 		// The server's message is AdmissionError.Error(): keep the ceiling.
 		ceiling := strings.TrimPrefix(e.Message, "admission rejected: ")
 		if i := strings.LastIndex(ceiling, " reached; retry after "); i >= 0 {
 			ceiling = ceiling[:i]
 		}
-		return &AdmissionError{Ceiling: ceiling, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+		return &AdmissionError{Ceiling: ceiling, RetryAfter: retryAfter}
 	}
+	e.RetryAfter = retryAfter
 	return e
 }
 

@@ -342,7 +342,7 @@ func TestClientErrors(t *testing.T) {
 		{
 			name: "store unavailable", status: 503, header: "1",
 			answer: `{"error": {"code": "store_unavailable", "message": "the server cannot reach its database; retry later"}}`,
-			want:   &Error{Code: CodeStoreUnavailable, Message: "the server cannot reach its database; retry later"},
+			want:   &Error{Code: CodeStoreUnavailable, Message: "the server cannot reach its database; retry later", RetryAfter: time.Second},
 		},
 		{
 			name: "unauthorized without code", status: 401, answer: `{"error": {"message": "bad token"}}`,

@@ -31,6 +31,12 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// RetryAfter is how long the server asked to wait before calling
+	// again: its Retry-After header, which a 503 store_unavailable
+	// carries (the Go client sets it; a Worker waits at least that long
+	// before its next claim or complete). Zero when the answer had none,
+	// and on errors of a Backend in process.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 )
 
@@ -305,7 +304,7 @@ func retryTransient(ctx context.Context, f func() error) error {
 		if _, ok := IsAdmission(err); ok {
 			return err
 		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		t := time.NewTimer(retryWait(err, backoff))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

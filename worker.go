@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -25,7 +26,34 @@ const (
 	hardStopGrace = time.Second
 	// Used when the server does not say.
 	defaultLease = 30 * time.Second
+	// storeUnavailableWait is the least wait after a store_unavailable
+	// error without a Retry-After (a server in process): the
+	// Retry-After the HTTP API sends with it
+	// (httpapi.StoreUnavailableRetryAfter).
+	storeUnavailableWait = time.Second
 )
+
+// retryWait is how long a worker waits before it calls again after err:
+// backoff, jittered (half to all of it), but no less than the server
+// asked (Error.RetryAfter: a 503 while its database is unavailable, so
+// a thousand workers do not hold a server with a full disk busy
+// answering them), plus up to a quarter more, so that workers told the
+// same do not come back together.
+func retryWait(err error, backoff time.Duration) time.Duration {
+	d := backoff/2 + rand.N(backoff/2+1)
+	var e *Error
+	if !errors.As(err, &e) {
+		return d
+	}
+	least := e.RetryAfter
+	if least <= 0 && e.Code == CodeStoreUnavailable {
+		least = storeUnavailableWait
+	}
+	if d < least {
+		d = least + rand.N(least/4+1)
+	}
+	return d
+}
 
 // A Worker claims tasks of the kinds registered with it, runs their handlers
 // concurrently up to its slots, heartbeats and reports results in batches.

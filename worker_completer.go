@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 )
@@ -333,7 +332,7 @@ func (c *completer) send(ctx context.Context, params []TaskResult, claim, seq in
 		if numbered {
 			seq = w.prod.seqs.begin()
 		}
-		d := backoff/2 + rand.N(backoff/2+1)
+		d := retryWait(err, backoff)
 		w.log.Error("sending results", "count", len(params), "err", err, "retry_in", d)
 		t := time.NewTimer(d)
 		select {

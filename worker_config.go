@@ -106,10 +106,11 @@ type WorkerConfig struct {
 	// refused or reset, a timeout, an unresolvable host name) or that
 	// answers 503 (starting up, or its database unreachable) or another
 	// 5xx is asked again, with capped exponential backoff (100ms to 5s,
-	// jittered) and a log line per failed attempt, so a worker may start
-	// before its server. An error that repeating cannot fix, such as a
-	// rejected token or a bad request, fails Run at once. Zero, the
-	// default, keeps trying until Run's context is done.
+	// jittered, and never less than a 503's Retry-After, as for every
+	// call the worker repeats) and a log line per failed attempt, so a
+	// worker may start before its server. An error that repeating cannot
+	// fix, such as a rejected token or a bad request, fails Run at once.
+	// Zero, the default, keeps trying until Run's context is done.
 	ConnectTimeout time.Duration
 }
 

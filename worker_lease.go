@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -266,7 +265,7 @@ func (k *leaseKeeper) registerAtStart(ctx context.Context) (reg *WorkerRegistrat
 		case !retryableRegister(err):
 			return nil, time.Time{}, false, err
 		}
-		d := backoff/2 + rand.N(backoff/2+1)
+		d := retryWait(err, backoff)
 		backoff = min(backoff*2, claimBackoffMax)
 		args := []any{"server", server, "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond),
 			"waited", time.Since(start).Round(time.Millisecond)}

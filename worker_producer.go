@@ -3,7 +3,6 @@ package sluice
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -117,7 +116,7 @@ func (p *producer) claimLoop(ctx context.Context) {
 			if errors.Is(err, ErrNotFound) && w.lease.reregister(ctx, in.id) {
 				continue
 			}
-			d := backoff/2 + rand.N(backoff/2+1)
+			d := retryWait(err, backoff)
 			w.log.Error("claiming tasks", "err", err, "retry_in", d)
 			pause(d)
 			backoff = min(backoff*2, claimBackoffMax)

@@ -156,7 +156,8 @@ func testTextIsUnicode(t *testing.T, db string) {
 
 // While PostgreSQL is out of reach (the proxy to it cut), API calls answer
 // 503 store_unavailable with Retry-After, not 500, and /readyz 503; once
-// it is back, calls succeed again and nothing acknowledged was lost.
+// it is back, calls succeed again and nothing acknowledged was lost. The
+// log has one line when the outage begins and one when it ends.
 func TestPostgresOutageAnswers503(t *testing.T) {
 	t.Parallel()
 	u, err := url.Parse(pgtest.URL(t))
@@ -212,4 +213,7 @@ func TestPostgresOutageAnswers503(t *testing.T) {
 	require.Equal(t, 200, w.Code, "%s", w.Body)
 	w = call(h, "GET", "/readyz", "")
 	require.Equal(t, 200, w.Code)
+	// The outage was logged once, however many calls failed, and its end.
+	require.Equal(t, 1, strings.Count(logs.String(), "database outage"), logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "store available again"), logs.String())
 }

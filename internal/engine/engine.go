@@ -48,6 +48,8 @@ type Engine struct {
 	cancels map[string][]int64 // worker id → running tasks to cancel
 
 	waits childWaits // wakes parents waiting for children (children.go)
+
+	health storeHealth // the store's outage under way (store_health.go)
 }
 
 var _ sluice.Backend = (*Engine)(nil)
@@ -71,6 +73,7 @@ func New(st store.Store, cfg Config) (*Engine, error) {
 		cancels: map[string][]int64{},
 	}
 	e.newServices()
+	e.watchStore()
 	return e, nil
 }
 
@@ -109,10 +112,16 @@ func (e *Engine) after(o store.Outcome) {
 // kickScheduler wakes the scheduler: a task was scheduled.
 func (e *Engine) kickScheduler() { e.scheduler.kick() }
 
-// Ready reports whether the engine can serve (the database answers).
+// Ready reports whether the engine can serve: the database answers and,
+// after a write failed for an outage (a full disk), takes writes again
+// (store.Store.Ping).
 func (e *Engine) Ready(ctx context.Context) error {
 	if err := e.st.Ping(ctx); err != nil {
-		return &sluice.Error{Code: sluice.CodeNotReady, Message: "database not reachable: " + err.Error()}
+		msg := "database not reachable: "
+		if errors.Is(err, sluice.ErrStoreUnavailable) {
+			msg = "database unavailable: "
+		}
+		return &sluice.Error{Code: sluice.CodeNotReady, Message: msg + err.Error()}
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
@@ -131,10 +132,20 @@ func (b *serviceBase) every(stop, work context.Context, interval time.Duration, 
 		case <-t.C:
 		}
 		if err := pass(work); err != nil && work.Err() == nil {
-			b.log.Error("background service failed", "service", b.name, "err", err)
+			b.failed(work, err)
 		}
 		passed.signal()
 	}
+}
+
+// failed logs a pass that failed: as an error, but for an outage of the
+// store, which the engine logs once for all its calls (store_health.go).
+func (b *serviceBase) failed(ctx context.Context, err error) {
+	level := slog.LevelError
+	if errors.Is(err, sluice.ErrStoreUnavailable) {
+		level = slog.LevelDebug
+	}
+	b.log.Log(ctx, level, "background service failed", "service", b.name, "err", err)
 }
 
 // woken runs pass at once, then again when kicks fires or when the wait
@@ -154,7 +165,7 @@ func (b *serviceBase) woken(stop, work context.Context, kicks <-chan struct{}, p
 		}
 		wait, err := pass(work)
 		if err != nil && work.Err() == nil {
-			b.log.Error("background service failed", "service", b.name, "err", err)
+			b.failed(work, err)
 		}
 		passed.signal()
 		timer.Reset(wait) // since Go 1.23, no stale tick survives a Reset

@@ -33,16 +33,53 @@ import (
 // syntax and trailing data, a walk that checks every value against the Go
 // type, and the real json.Unmarshal, which the walk has made unable to fail.
 func decodeBody(w http.ResponseWriter, r *http.Request, maxBytes int64, v any) error {
+	body, err := readBody(w, r, maxBytes)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(body, v)
+}
+
+// readBody reads r's body, at most maxBytes of it. A larger body is an
+// *errBodyTooLarge (413), and what the client still sends of it is read
+// and dropped, up to maxDrain, before the answer goes: a server that
+// answers and closes while the client is still sending makes the
+// client's kernel receive a reset, which discards the 413 before the
+// client reads it. The connection closes after the answer either way.
+func readBody(w http.ResponseWriter, r *http.Request, maxBytes int64) ([]byte, error) {
+	if r.ContentLength > maxBytes {
+		// Known too large: answer without reading. A client that asked
+		// for 100 Continue then sends nothing (net/http sends the 100
+		// only at the first read); one that did not is sending anyway.
+		w.Header().Set("Connection", "close")
+		if r.Header.Get("Expect") == "" {
+			drain(r.Body)
+		}
+		return nil, errTooLarge(maxBytes)
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errTooLarge(mbe.Limit)
+			// MaxBytesReader marks the connection to close only when w
+			// is net/http's own, not a wrapper of it.
+			w.Header().Set("Connection", "close")
+			drain(r.Body)
+			return nil, errTooLarge(mbe.Limit)
 		}
-		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "reading request body: " + err.Error()}
+		return nil, &sluice.Error{Code: sluice.CodeBadRequest, Message: "reading request body: " + err.Error()}
 	}
-	return decodeJSON(body, v)
+	return body, nil
 }
+
+// maxDrain bounds the part of a refused body that readBody reads and
+// drops: past it, the server closes with the rest unread (and the client
+// may see a reset instead of the 413), so that a client cannot keep it
+// reading. The server's ReadTimeout bounds the time.
+const maxDrain = 64 << 20
+
+// drain reads and drops what is left of body, up to maxDrain bytes.
+func drain(body io.Reader) { _, _ = io.CopyN(io.Discard, body, maxDrain) }
 
 // errBodyTooLarge is answered with 413.
 type errBodyTooLarge struct{ limit int64 }

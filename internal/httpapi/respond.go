@@ -115,9 +115,11 @@ func (a *api) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		if errors.As(err, &se) && se.Code == sluice.CodeStoreUnavailable && se.Message != "" {
 			e = se // an API error, meant for clients
 		} else {
-			// The store's own error: an outage, not a bug, so a warning;
-			// its details stay in the log.
-			a.log.LogAttrs(r.Context(), slog.LevelWarn, "http request failed: store unavailable",
+			// The store's own error: an outage, not a bug. The engine
+			// logs the outage once when it begins and once when it
+			// ends (a full disk fails thousands of calls a second), so
+			// each call is only a debug line; the details stay there.
+			a.log.LogAttrs(r.Context(), slog.LevelDebug, "http request failed: store unavailable",
 				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("err", err))
 		}
 		w.Header().Set("Retry-After", retryAfterSeconds(StoreUnavailableRetryAfter))

@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"errors"
-	"io"
 	"maps"
 	"net/http"
 	"net/url"
@@ -19,13 +17,9 @@ import (
 // or JSON (application/json): 201 with the new version, 200 with the
 // same version when nothing changed.
 func (a *api) applyWorkflow(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.o.MaxBodyBytes))
+	body, err := readBody(w, r, a.o.MaxBodyBytes)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return errTooLarge(mbe.Limit)
-		}
-		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "reading request body: " + err.Error()}
+		return err
 	}
 	res, err := a.b.ApplyWorkflow(r.Context(), body, r.Header.Get("Content-Type"))
 	if err != nil {

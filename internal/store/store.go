@@ -243,8 +243,15 @@ type Store interface {
 	// Migrate applies pending migrations and returns their names.
 	Migrate(ctx context.Context) ([]string, error)
 	Close() error
-	// Ping checks the database answers (readiness).
+	// Ping checks the database answers (readiness). While Health reports
+	// an outage it makes a probe write instead, which ends the outage if
+	// it commits: a full disk leaves reads working, and readiness must
+	// follow writes.
 	Ping(ctx context.Context) error
+	// Health follows whether writes reach the database (see Health):
+	// the store reports to it every error it marks Unavailable and every
+	// write it commits.
+	Health() *Health
 
 	// Enqueue inserts tasks in one transaction. If any would exceed an
 	// admission ceiling, nothing is inserted and *sluice.AdmissionError is

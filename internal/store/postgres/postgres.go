@@ -60,6 +60,9 @@ type Store struct {
 
 	clock store.Clock
 	depth store.DepthSetting // handover depth (SetHandoverDepth)
+	// health follows whether writes succeed: the pool reports what it
+	// marks unavailable, run its commits.
+	health store.Health
 
 	// ownPIDs holds the backend PIDs of the pool's connections.
 	ownPIDs sync.Map
@@ -149,7 +152,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("db: connecting to PostgreSQL: %w", explainConnectError(cfg.ConnConfig, err))
 	}
-	s.pool = &dbPool{pool}
+	s.pool = &dbPool{Pool: pool, health: &s.health}
 	s.closed, s.closeFn = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -192,10 +195,18 @@ func (r reader) Query(ctx context.Context, q string, args ...any) (store.Rows, f
 	return rows, rows.Close, nil
 }
 
-// Ping checks the database answers.
+// Ping checks the database answers; during an outage (Health), that it
+// takes a write again: a transaction that locks the env row, as every
+// write transaction does, and commits.
 func (s *Store) Ping(ctx context.Context) error {
+	if s.health.Err() != nil {
+		return s.run(ctx, nil, func(*txn) error { return nil })
+	}
 	return s.pool.Ping(ctx)
 }
+
+// Health follows whether writes succeed; see store.Store.
+func (s *Store) Health() *store.Health { return &s.health }
 
 // Migrations lists the embedded migration names in order.
 func Migrations() []string { return store.MigrationNames(migrations) }

@@ -80,7 +80,13 @@ const envLockSQL = `SELECT max_running, running, active, vtime, rr, lane FROM en
 // any error the transaction is rolled back (a connection left in a
 // transaction is closed by the pool on release).
 func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) error) (err error) {
-	defer func() { err = unavailable(err) }()
+	defer func() {
+		if err == nil {
+			s.health.OK()
+			return
+		}
+		err = s.pool.check(err)
+	}()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)

@@ -62,8 +62,15 @@ func unavailableState(code string) bool {
 	case "57P01", // admin_shutdown: terminating connection due to administrator command
 		"57P02", // crash_shutdown
 		"57P03", // cannot_connect_now: the database system is starting up, shutting down, in recovery
+		"25006", // read_only_sql_transaction: connected to a standby (failover under way)
+		// Class 53, insufficient resources, but for 53400
+		// configuration_limit_exceeded (a setting to raise, not a
+		// moment to wait out).
+		"53000", // insufficient_resources
+		"53100", // disk_full: could not extend a file, no space for WAL
+		"53200", // out_of_memory
 		"53300", // too_many_connections
-		"25006": // read_only_sql_transaction: connected to a standby (failover under way)
+		"58030": // io_error: the server's disk failed a read or write
 		return true
 	case "08P01": // protocol_violation: a driver or server bug
 		return false
@@ -74,43 +81,59 @@ func unavailableState(code string) bool {
 // dbPool is the store's connection pool: a pgxpool.Pool whose entry points
 // pass their errors through unavailable, so that every read and write of
 // the store reports an unreachable database the same way, whichever file
-// its query lives in.
-type dbPool struct{ *pgxpool.Pool }
+// its query lives in, and tell the store's health of it.
+type dbPool struct {
+	*pgxpool.Pool
+	health *store.Health
+}
+
+// check is unavailable, reporting what it marks to the health.
+func (p *dbPool) check(err error) error {
+	err = unavailable(err)
+	p.health.Fail(err)
+	return err
+}
 
 func (p *dbPool) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	c, err := p.Pool.Acquire(ctx)
-	return c, unavailable(err)
+	return c, p.check(err)
 }
 
 func (p *dbPool) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := p.Pool.Begin(ctx)
-	return tx, unavailable(err)
+	return tx, p.check(err)
 }
 
 func (p *dbPool) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
 	tx, err := p.Pool.BeginTx(ctx, o)
-	return tx, unavailable(err)
+	return tx, p.check(err)
 }
 
 func (p *dbPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	rows, err := p.Pool.Query(ctx, sql, args...)
 	if err != nil {
-		return rows, unavailable(err)
+		return rows, p.check(err)
 	}
-	return poolRows{rows}, nil
+	return poolRows{rows, p}, nil
 }
 
 func (p *dbPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return poolRow{p.Pool.QueryRow(ctx, sql, args...)}
+	return poolRow{p.Pool.QueryRow(ctx, sql, args...), p}
 }
 
 // poolRows reports a connection lost while reading rows as unavailable.
-type poolRows struct{ pgx.Rows }
+type poolRows struct {
+	pgx.Rows
+	p *dbPool
+}
 
-func (r poolRows) Err() error { return unavailable(r.Rows.Err()) }
+func (r poolRows) Err() error { return r.p.check(r.Rows.Err()) }
 
 // poolRow reports an unreachable database, which QueryRow defers to Scan,
 // as unavailable. pgx.ErrNoRows is returned as is.
-type poolRow struct{ row pgx.Row }
+type poolRow struct {
+	row pgx.Row
+	p   *dbPool
+}
 
-func (r poolRow) Scan(dest ...any) error { return unavailable(r.row.Scan(dest...)) }
+func (r poolRow) Scan(dest ...any) error { return r.p.check(r.row.Scan(dest...)) }

@@ -54,6 +54,10 @@ func TestUnavailableClassification(t *testing.T) {
 		{"crash shutdown", fmt.Errorf("claiming: %w", pg("57P02")), true},
 		{"starting up", pg("57P03"), true},
 		{"too many connections", pg("53300"), true},
+		{"disk full", fmt.Errorf("inserting tasks: %w", pg("53100")), true},
+		{"insufficient resources", pg("53000"), true},
+		{"out of memory", pg("53200"), true},
+		{"io error", pg("58030"), true},
 		{"connection failure", pg("08006"), true},
 		{"cannot establish", pg("08001"), true},
 		{"standby", pg("25006"), true},
@@ -67,6 +71,8 @@ func TestUnavailableClassification(t *testing.T) {
 		{"serialization failure", pg("40001"), false},
 		{"protocol violation", pg("08P01"), false},
 		{"bad password", pg("28P01"), false},
+		{"configuration limit exceeded", pg("53400"), false},
+		{"undefined file", pg("58P01"), false},
 		{"no rows", pgx.ErrNoRows, false},
 		{"plain", errors.New("counters do not add up"), false},
 		{"not found", sluice.NotFound("task 1 not found"), false},
@@ -187,6 +193,9 @@ func TestPostgresUnavailable(t *testing.T) {
 		err := call()
 		require.ErrorIs(t, err, sluice.ErrStoreUnavailable, "%s: %v", name, err)
 	}
+	// One outage, which readiness reports until a write commits.
+	require.ErrorIs(t, st.Health().Err(), sluice.ErrStoreUnavailable)
+	require.ErrorIs(t, st.Ping(ctx), sluice.ErrStoreUnavailable)
 
 	require.NoError(t, proxy.Restore())
 	deadline := time.Now().Add(10 * time.Second)
@@ -199,6 +208,9 @@ func TestPostgresUnavailable(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "the store did not recover: %v", err)
 		time.Sleep(10 * time.Millisecond)
 	}
+	require.Error(t, st.Health().Err(), "a read does not end the outage")
+	require.NoError(t, st.Ping(ctx), "the probe write commits")
+	require.NoError(t, st.Health().Err())
 	task, err := st.GetTask(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateReady, task.State)

@@ -12,9 +12,10 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite"
+	msqlite "modernc.org/sqlite"
 
 	"github.com/sluice-dev/sluice/internal/store"
 )
@@ -33,6 +34,11 @@ type Store struct {
 
 	clock store.Clock
 	depth store.DepthSetting // handover depth (SetHandoverDepth)
+	// health follows whether writes succeed (the connections report
+	// their failures and commits: unavailable.go); fault is the commit
+	// error a test injects (connector.fault).
+	health store.Health
+	fault  atomic.Pointer[error]
 
 	stmtMu      sync.Mutex
 	stmts       map[string]*sql.Stmt // on w; nil while pending (stmtcache.go)
@@ -73,18 +79,20 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, errors.New("db: sqlite path is empty (want sqlite:PATH)")
 	}
 	pragmas := "_pragma=busy_timeout(10000)&_pragma=foreign_keys(0)&_pragma=temp_store(memory)&_pragma=synchronous(" + sync + ")"
+	s := &Store{stmts: map[string]*sql.Stmt{}}
 	if path == ":memory:" {
-		db, err := sql.Open("sqlite", "file::memory:?"+pragmas)
+		db, err := s.openDB("file::memory:?" + pragmas)
 		if err != nil {
 			return nil, err
 		}
 		db.SetMaxOpenConns(1)
 		db.SetConnMaxLifetime(0)
 		db.SetConnMaxIdleTime(0)
-		return &Store{w: db, r: db, stmts: map[string]*sql.Stmt{}}, nil
+		s.w, s.r = db, db
+		return s, nil
 	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&" + pragmas
-	w, err := sql.Open("sqlite", dsn+"&_txlock=immediate")
+	w, err := s.openDB(dsn + "&_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
@@ -96,14 +104,25 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		w.Close()
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	r, err := sql.Open("sqlite", dsn+"&_pragma=query_only(1)")
+	r, err := s.openDB(dsn + "&_pragma=query_only(1)")
 	if err != nil {
 		w.Close()
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	return &Store{w: w, r: r, stmts: map[string]*sql.Stmt{}}, nil
+	s.w, s.r = w, r
+	return s, nil
+}
+
+// openDB opens a pool of connections to dsn whose errors pass through
+// unavailable and reach the store's health (connector).
+func (s *Store) openDB(dsn string) (*sql.DB, error) {
+	base, err := msqlite.NewConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(&connector{Connector: base, health: &s.health, fault: &s.fault}), nil
 }
 
 // SetClock replaces the clock; see store.Store.
@@ -139,11 +158,22 @@ func (r reader) Query(ctx context.Context, q string, args ...any) (store.Rows, f
 	return rows, func() { rows.Close() }, nil
 }
 
-// Ping checks the database answers.
+// Ping checks the database answers; during an outage (Health), that it
+// takes a write again. The probe rewrites the env row as it is: with the
+// disk full, its commit fails as every other write does.
 func (s *Store) Ping(ctx context.Context) error {
+	if s.health.Err() != nil {
+		return s.tx(ctx, func(tx *wtx) error {
+			_, err := tx.Tx.ExecContext(ctx, `UPDATE env SET id = id WHERE id = 1`)
+			return err
+		})
+	}
 	var one int
 	return s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one)
 }
+
+// Health follows whether writes succeed; see store.Store.
+func (s *Store) Health() *store.Health { return &s.health }
 
 // Migrations lists the embedded migration names in order.
 func Migrations() []string { return store.MigrationNames(migrations) }
