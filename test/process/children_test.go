@@ -20,7 +20,8 @@ import (
 // would be: it claims a parent, triggers a child on the parent's own
 // queue (limit 1) with the children route, waits with the wait route
 // (the parent lends the child its slot), claims and completes the child,
-// gets its result once its slot is back, and completes the parent. On
+// gets its result at once (the slot comes straight back to the parent,
+// ahead of a task waiting in the queue), and completes the parent. On
 // the way: the same call position answers 200 with the same child, and a
 // second-level wait on the same queue is refused with 409
 // RECURSIVE_WAIT_DEADLOCK.
@@ -148,21 +149,24 @@ func TestChildrenOverHTTP(t *testing.T) {
 	require.Equal(t, "RECURSIVE_WAIT_DEADLOCK", refused.Error.Code)
 
 	complete(c.ID, c.Attempt, map[string]any{"ok": true})
-	// The grandchild waited in the queue ahead of the parent's slot: it
-	// runs first, and the parent waits for its slot back meanwhile.
+	// The lent slot came straight back to the parent: the grandchild,
+	// queued before the child ended, does not get it (nothing to claim),
+	// and the parent's wait answers done at once.
+	var none struct {
+		Tasks []task `json:"tasks"`
+	}
+	require.Equal(t, 200, call("POST", w+"/claim", workerToken, map[string]any{"max": 1, "wait": "0s"}, &none))
+	require.Empty(t, none.Tasks, "a task took the slot the child gave back to its parent")
 	require.Equal(t, 200, call("POST", fmt.Sprintf("%s/tasks/%d/wait", w, parent.ID), workerToken,
 		map[string]any{"task_id": child.Task.ID}, &wr))
-	require.False(t, wr.Done)
-	require.Equal(t, "slots", wr.Phase)
-	g := claim()
-	require.Equal(t, grand.Task.ID, g.ID)
-	complete(g.ID, g.Attempt, nil)
-	require.Equal(t, 200, call("POST", fmt.Sprintf("%s/tasks/%d/wait", w, parent.ID), workerToken,
-		map[string]any{"task_id": child.Task.ID, "wait": "10s"}, &wr))
-	require.True(t, wr.Done)
+	require.True(t, wr.Done, "phase %q", wr.Phase)
 	require.Equal(t, "succeeded", wr.Task.State)
 	require.JSONEq(t, `{"ok":true}`, string(wr.Task.Output))
 	complete(parent.ID, 1, "done")
+	// Then the grandchild runs, on the slot the parent freed.
+	g := claim()
+	require.Equal(t, grand.Task.ID, g.ID)
+	complete(g.ID, g.Attempt, nil)
 
 	var got task
 	require.Equal(t, 200, call("GET", fmt.Sprintf("/v1/tasks/%d", parent.ID), admin, nil, &got))
