@@ -145,15 +145,17 @@ type CompleteResult struct {
 // HeartbeatParams is the body of POST /v1/workers/{id}/heartbeat.
 type HeartbeatParams struct {
 	FreeSlots int `json:"free_slots"`
-	// Held lists the tasks the worker is running.
+	// Held lists the tasks the worker is running, parents waiting for a
+	// child included.
 	Held []int64 `json:"held"`
 	// ClaimsSettled, when above zero, says every claim call the worker
 	// numbered up to it (ClaimParams.Seq, CompleteParams.ClaimSeq), except
 	// those in ClaimsPending, has been answered or has failed, and Held
 	// lists every task those answers handed it that it still holds. A task
-	// running on the worker that such a claim handed out and Held does not
-	// list was lost with its answer: the server releases it (unstarted,
-	// the attempt not counted) so it does not hold its slots forever.
+	// running on the worker (or a parent waiting for a child) that such a
+	// claim handed out and Held does not list was lost with its answer, or
+	// dropped by the worker: the server releases it (the attempt not
+	// counted) so it does not hold its slots forever.
 	ClaimsSettled int64 `json:"claims_settled,omitempty"`
 	// ClaimsPending lists the claim calls numbered up to ClaimsSettled
 	// still awaiting their answer (a long-poll, say).

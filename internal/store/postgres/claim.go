@@ -314,7 +314,10 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 	return s.write(ctx, func(t *txn) error {
 		var rts []*runningTask
 		var reserved []reservedTask
-		t.queueRunning("release", `t.id = ANY($1) AND t.state = 'running' AND t.worker_id = $2`, []any{ids, workerID}, &rts)
+		// A parent held while it waits for a child is released too (an
+		// orphan its worker dropped): back in line, since a slot it lent
+		// stays with its child.
+		t.queueRunning("release", `t.id = ANY($1) AND t.worker_id = $2 AND (t.state = 'running' OR `+heldWaitCond+`)`, []any{ids, workerID}, &rts)
 		t.queueReserved("release", `r.id = ANY($1) AND r.worker_id = $2`, []any{ids, workerID}, &reserved)
 		if err := t.send(); err != nil {
 			return err
@@ -337,7 +340,13 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			if rt.runID != nil {
 				runPaused[i] = t.runPausedAs(*rt.runID, rt.runPaused)
 			}
+			if err := t.heldToRunning(rt); err != nil {
+				return err
+			}
 			state := sluice.StateReady
+			if rt.from != sluice.StateRunning {
+				state = sluice.StateQueued
+			}
 			switch {
 			case rt.cancelRequested:
 				// Its cancel was asked for: handed back unstarted, it
@@ -353,6 +362,7 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 		}
 		t.exec("release", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, run_paused = v.run_paused, attempt = t.attempt - 1,
 				worker_id = NULL, timeout_at = NULL, started_at = CASE WHEN t.attempt = 1 THEN NULL ELSE t.started_at END,
+				wait_task = NULL, wait_run = NULL, wait_lent = 0,
 				finished_at = CASE WHEN v.state = 'cancelled' THEN $5::bigint END
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[]) AS v(id, state, paused_from, run_paused) WHERE t.id = v.id`,
 			back, states, paused, runPaused, t.now)

@@ -67,7 +67,7 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 		var held store.Held
 		err := t.query("heartbeat", `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = $1
 			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'reserved' AND worker_id = $1
-			UNION ALL SELECT id, cancel_requested, 0 FROM tasks t WHERE worker_id = $1 AND `+heldWaitCond, []any{workerID},
+			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks t WHERE worker_id = $1 AND `+heldWaitCond, []any{workerID},
 			func(rows pgx.Rows) error { return held.Scan(rows) })
 		if err != nil {
 			return err

@@ -194,6 +194,12 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 		for _, id := range ids {
 			rt, err := scanRunning(t.tx.QueryRowContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE id = ? AND state = 'running' AND worker_id = ?`, id, workerID))
 			if err == sql.ErrNoRows {
+				// A parent held while it waits for a child (an orphan its
+				// worker dropped) goes back in line.
+				rt, err = scanHeld(t.tx.QueryRowContext(t.ctx, `SELECT `+heldCols+` FROM tasks WHERE id = ? AND worker_id = ?
+					AND (wait_task IS NOT NULL OR wait_run IS NOT NULL) AND state IN ('suspended', 'queued', 'ready', 'paused')`, id, workerID))
+			}
+			if err == sql.ErrNoRows {
 				// A reserved successor goes back to the wait list; a task
 				// not ours any more has nothing to release.
 				if err := t.unreserve(`id = ? AND worker_id = ?`, id, workerID); err != nil {
@@ -223,6 +229,16 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 			}
 			state := sluice.StateReady
 			var sq *flow.Subqueue
+			if rt.from != "" && rt.from != sluice.StateRunning {
+				// Back in line: a slot it lent stays with its child.
+				if sq, err = t.subqueue(rt.sq); err != nil {
+					return err
+				}
+				if err := t.heldToRunning(sq, q, rt); err != nil {
+					return err
+				}
+				state = sluice.StateQueued
+			}
 			if rt.cancelRequested || q.Paused() || runPaused {
 				if sq, err = t.subqueue(rt.sq); err != nil {
 					return err
@@ -242,7 +258,8 @@ func (s *Store) Release(ctx context.Context, workerID string, ids []int64) (stor
 				finished = t.now
 			}
 			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, attempt = attempt - 1, worker_id = NULL, timeout_at = NULL,
-				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END, finished_at = ? WHERE id = ?`,
+				started_at = CASE WHEN attempt = 1 THEN NULL ELSE started_at END, finished_at = ?,
+				wait_task = NULL, wait_run = NULL, wait_lent = 0 WHERE id = ?`,
 				state, flow.PausedFrom(state), runPaused, finished, id); err != nil {
 				return fmt.Errorf("release: %w", err)
 			}

@@ -81,11 +81,12 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 		if n, _ := res.RowsAffected(); n == 0 {
 			return store.WorkerNotFound(workerID)
 		}
-		// Parents waiting for a child are held too, but never orphans
-		// (claim_seq 0): the worker may keep waiting without listing them.
+		// Parents waiting for a child are held too, and orphans like
+		// running tasks when a settled claim handed them out and the
+		// worker no longer lists them (its watchdog dropped them).
 		rows, err := tx.QueryContext(ctx, `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = ?
 			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'reserved' AND worker_id = ?
-			UNION ALL SELECT id, cancel_requested, 0 FROM tasks INDEXED BY tasks_held_waits WHERE worker_id = ?
+			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks INDEXED BY tasks_held_waits WHERE worker_id = ?
 				AND (wait_task IS NOT NULL OR wait_run IS NOT NULL) AND state IN ('suspended', 'queued', 'ready', 'paused')`, workerID, workerID, workerID)
 		if err != nil {
 			return fmt.Errorf("heartbeat: %w", err)

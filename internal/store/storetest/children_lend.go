@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,6 +25,7 @@ var childLendTests = tests{
 	"ChildWaitCycleOneFamily":   testChildWaitCycleOneFamily,
 	"ChildWaitCycleTwoFamilies": testChildWaitCycleTwoFamilies,
 	"ChildWaitCycleRun":         testChildWaitCycleRun,
+	"ChildWaitParentOrphan":     testChildWaitParentOrphan,
 }
 
 // executing counts the tasks of a queue running (not waiting).
@@ -319,5 +321,44 @@ func testChildWaitCycleRun(t *testing.T, ns NewStore) {
 	out, _, err := h.st.WaitStep(h.ctx, "w", p.ID, store.Child{ParentID: p.ID, Call: pos, RunID: r2.ID})
 	require.NoError(t, err)
 	require.Equal(t, store.WaitChild, out.Phase)
+	h.counters()
+}
+
+// A waiting parent its worker no longer lists in a heartbeat, though the
+// claim that handed it out is settled (its watchdog dropped it), is an
+// orphan like a running task: released uncharged, back in line, its lent
+// slot staying with the child that runs on it.
+func testChildWaitParentOrphan(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	_, _, err := h.st.PutQueue(h.ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
+	require.NoError(t, err)
+	p := h.enqueue(store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 3})[0]
+	h.worker("w", 10, "k")
+	got1, err := h.st.Claim(h.ctx, "w", 1, 30*time.Second, 1) // claim call 1
+	require.NoError(t, err)
+	require.Equal(t, []int64{p.ID}, ids(got1))
+	u := h.enqueue(store.NewTask{Kind: "k", Queue: "q"})[0]
+	ch := h.child("w", p.ID, store.NewTask{Kind: "k", Queue: "q", MaxAttempts: 3})
+	h.wait("w", p.ID, ch.ID)
+	require.Equal(t, []int64{ch.ID}, ids(h.claim("w", 5)))
+	_, _, orphans, err := h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: []int64{p.ID, ch.ID}, ClaimsSettled: 1}, 30*time.Second)
+	require.NoError(t, err)
+	require.Empty(t, orphans, "a parent the worker lists is held")
+	_, _, orphans, err = h.st.Heartbeat(h.ctx, "w", sluice.HeartbeatParams{Held: []int64{ch.ID}, ClaimsSettled: 1}, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []int64{p.ID}, orphans)
+	_, err = h.st.Release(h.ctx, "w", orphans)
+	require.NoError(t, err)
+	got := h.get(p.ID)
+	require.Equal(t, sluice.StateQueued, got.State, "back in line: the slot it lent stays with its child")
+	require.Zero(t, got.WaitTask)
+	require.Equal(t, 0, got.Attempt, "uncharged")
+	require.Equal(t, 1, h.queueRunning("q"))
+	h.counters()
+	cc := h.claim("w", 5)
+	require.Empty(t, cc, "the child holds the queue's one slot")
+	h.complete("w", sluice.TaskResult{TaskID: ch.ID, Attempt: 1})
+	require.Equal(t, sluice.StateReady, h.state(p.ID), "the parent is first in line, before the older task")
+	require.Equal(t, sluice.StateQueued, h.state(u.ID))
 	h.counters()
 }
