@@ -7,7 +7,7 @@ FUZZTIME    ?= 30s
 BIN         ?= bin/sluice
 
 .DEFAULT_GOAL := help
-.PHONY: help build run test test-short test-race lint fuzz bench bench-compare generate clean
+.PHONY: help build run test test-long test-skips test-short test-race lint fuzz bench bench-compare generate clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -18,14 +18,27 @@ build: ## Build bin/sluice
 run: ## Run a dev server with the flow-control demo (sluice dev --demo)
 	$(GO) run ./cmd/sluice dev --demo
 
+TESTTIMEOUT ?= 20m
+
 test: ## Run the whole suite with the race detector (GOTESTFLAGS=-v adds flags)
-	$(GO) test -race $(GOTESTFLAGS) ./...
+	@$(MAKE) --no-print-directory test-skips
+	$(GO) test -race -timeout $(TESTTIMEOUT) $(GOTESTFLAGS) ./...
+
+test-long: ## The whole suite with the slowest tests at full size (SLUICE_TEST_LONG=1; CI runs it)
+	SLUICE_TEST_LONG=1 $(MAKE) --no-print-directory test
+
+test-skips: ## Say which tests will skip here (no PostgreSQL, no Chromium)
+	@if [ -z "$$SLUICE_TEST_POSTGRES_URL" ]; then \
+	  echo "note: SLUICE_TEST_POSTGRES_URL is not set: the PostgreSQL tests skip (e.g. SLUICE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable)"; fi
+	@if [ -z "$$SLUICE_CHROME" ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+	  && ! command -v google-chrome >/dev/null 2>&1 && ! command -v google-chrome-stable >/dev/null 2>&1 && ! command -v headless-shell >/dev/null 2>&1; then \
+	  echo "note: no chromium on PATH: the dashboard's browser tests skip (apt-get install -y chromium, or set SLUICE_CHROME)"; fi
 
 test-short: ## Run the suite without the slow tests (-short)
 	$(GO) test -short $(GOTESTFLAGS) ./...
 
 test-race: ## Same as test: the suite with the race detector
-	$(GO) test -race $(GOTESTFLAGS) ./...
+	$(GO) test -race -timeout $(TESTTIMEOUT) $(GOTESTFLAGS) ./...
 
 lint: ## gofmt check, go vet, and staticcheck when installed
 	@unformatted="$$(gofmt -l .)"; \

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // Fairness at scale (S-FC3): one tenant (concurrency key "big") with many
@@ -167,7 +168,8 @@ func fairnessConfig() Config {
 
 // TestFairnessRoundRobin is the measure at a tiny size, with its bound.
 func TestFairnessRoundRobin(t *testing.T) {
-	runFairness(t.Context(), t, fairnessConfig(), fairnessSpec{big: 2000, small: 100, idle: 1000, envLimit: 10})
+	// 800 tasks of the big tenant by default, 2,000 in the long suite.
+	runFairness(t.Context(), t, fairnessConfig(), fairnessSpec{big: testutil.Size(800, 2000), small: 100, idle: 1000, envLimit: 10})
 }
 
 // BenchmarkFairness100kKeys is S-FC3 at full size: 50,000 tasks of one

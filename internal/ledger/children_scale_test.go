@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // The child-wait ledger at a larger scale: trees on queues la and lb of
@@ -24,7 +26,7 @@ import (
 func TestChildWaitLedgerAtScale(t *testing.T) {
 	roots := 40
 	switch {
-	case os.Getenv("SLUICE_LEDGER_FULL") != "":
+	case os.Getenv("SLUICE_LEDGER_FULL") != "" || testutil.Long():
 		roots = 200
 	case testing.Short():
 		roots = 20

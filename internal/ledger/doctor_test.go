@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/testutil"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -96,7 +97,7 @@ steps:
 	for g := range 4 {
 		load.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
-			for i := range 100 {
+			for i := range testutil.Size(50, 100) {
 				p := sluice.TriggerParams{Kind: "work", Input: json.RawMessage(fmt.Sprintf(`{"fail":%d}`, rng.IntN(10)/9)), MaxAttempts: 3}
 				switch i % 5 {
 				case 0, 1:

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/internal/ledger"
+	"github.com/sluice-dev/sluice/internal/testutil"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -58,7 +59,8 @@ func TestLedgerHandoverNeverExceedsLimits(t *testing.T) { TestLedgerNeverExceeds
 
 func TestLedgerNeverExceedsLimits(t *testing.T) {
 	t.Parallel()
-	total := envInt("SLUICE_LEDGER_TASKS", 2000)
+	// 800 tasks by default, 2,000 in the long suite (SLUICE_TEST_LONG).
+	total := envInt("SLUICE_LEDGER_TASKS", testutil.Size(800, 2000))
 	const (
 		maxRunning = 25
 		keys       = 50

@@ -3,6 +3,7 @@ package testutil
 
 import (
 	"bytes"
+	"os"
 	"sync"
 )
 
@@ -24,4 +25,23 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Long reports whether the long suite runs (SLUICE_TEST_LONG=1, `make
+// test-long`, CI): the slowest tests then take their full size instead
+// of the default that keeps `make test` within its time budget.
+func Long() bool {
+	switch os.Getenv("SLUICE_TEST_LONG") {
+	case "", "0", "false", "no":
+		return false
+	}
+	return true
+}
+
+// Size is def, or long in the long suite (Long).
+func Size(def, long int) int {
+	if Long() {
+		return long
+	}
+	return def
 }
