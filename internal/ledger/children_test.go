@@ -297,7 +297,13 @@ func runChildWorkload(t *testing.T, w childWorkload) childOutcome {
 					resume, drop = l.SuspendKeeping(tc.ID)
 				}
 				defer func() { note("resumed %d", tc.ID) }()
+				// The lending waits the server may see during the call:
+				// those suspended before it, and any suspended during it
+				// (a check after the call may find some resumed already).
+				sub := ledger.Sub{Queue: n.Queue, Key: n.Key}
+				before, lendsBefore := l.SuspendedLent(sub, tc.ID), l.Lends(sub)
 				_, err := sluice.WaitChild[string](ctx, c)
+				during := l.Lends(sub) - lendsBefore
 				refused := errors.Is(err, sluice.ErrRecursiveWaitDeadlock)
 				mu.Lock()
 				out.waits++
@@ -320,8 +326,7 @@ func runChildWorkload(t *testing.T, w childWorkload) childOutcome {
 					if strings.Contains(err.Error(), "cycle of waits") {
 						l.Violate("task %d (%s): a wait lending its slot refused as a cycle: %v", tc.ID, n.Path, err)
 					}
-					sub := ledger.Sub{Queue: n.Queue, Key: n.Key}
-					others := l.SuspendedLent(sub, tc.ID)
+					others := max(l.SuspendedLent(sub, tc.ID), before+during)
 					mu.Lock()
 					for id, s := range darkLent {
 						if s == sub && id != tc.ID {

@@ -93,6 +93,7 @@ type Ledger struct {
 	rerunOK    map[string]bool // AllowRerun
 	reruns     []Rerun
 	suspended  map[int64]bool // task id → lent (Suspend)
+	lends      map[Sub]int    // lending suspends ever, per sub-queue (Lends)
 	// pending are attempts started again after their start on a live
 	// worker had finished, excused once that worker reports a lost
 	// lease (LeaseLost); leaseLost are those workers.

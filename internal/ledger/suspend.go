@@ -37,6 +37,12 @@ func (l *Ledger) Suspend(taskID int64, lent bool) (resume func()) {
 		l.suspended = map[int64]bool{}
 	}
 	l.suspended[taskID] = lent
+	if lent {
+		if l.lends == nil {
+			l.lends = map[Sub]int{}
+		}
+		l.lends[s]++
+	}
 	done := false
 	return func() {
 		l.mu.Lock()
@@ -69,6 +75,16 @@ func (l *Ledger) Suspend(taskID int64, lent bool) (resume func()) {
 // SuspendedLent counts the tasks of sub-queue s, other than except, that
 // are suspended lending their slot: at most as many slots as the server's
 // sub-queue lends at any instant of their waits.
+// Lends counts the lending waits of sub-queue s ever suspended: with
+// SuspendedLent read before a call, Lends read before and after bounds
+// the lending waits the server may have seen during the call (some may
+// have resumed before a check made after it).
+func (l *Ledger) Lends(s Sub) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lends[s]
+}
+
 func (l *Ledger) SuspendedLent(s Sub, except int64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
