@@ -15,25 +15,15 @@ import (
 // finds and decides the repair). Mirrors the PostgreSQL store's
 // doctor.go. Every statement's rows are (check, subject, have, want).
 
-// The numbers the rows give, per sub-queue, per step and per workflow
-// and key (run places), over live: the unfinished tasks (or a subset).
-// The checks and the repair read them alike.
+// The doctor's counts, shared by both stores (store/doctor_sql.go).
 const (
-	sqCounts = `SELECT sq, count(*) FILTER (WHERE state IN ('ready', 'running') OR state = 'suspended' AND wait_lent NOT IN (1, 4)) AS running,
-			count(*) FILTER (WHERE state = 'queued') AS queued,
-			count(*) FILTER (WHERE state = 'suspended' AND wait_lent IN (1, 2, 4)) AS lent
-		FROM live GROUP BY sq`
-	stepCounts = `SELECT step_id, count(*) AS remaining, count(*) FILTER (WHERE state = 'waiting') AS waiting,
-			count(*) FILTER (WHERE windowed) AS active
-		FROM live WHERE step_id IS NOT NULL GROUP BY step_id`
-	placeCounts = `SELECT workflow, ckey, count(*) AS n FROM runs
-		WHERE climit > 0 AND (state = 'running' OR state = 'paused' AND paused_from = 'running') GROUP BY workflow, ckey`
-	queueCounts = `SELECT queue, count(*) AS n FROM live GROUP BY queue`
-	envCounts   = `SELECT count(*) FILTER (WHERE state IN ('ready', 'running')) AS running, count(*) AS active,
-			count(*) FILTER (WHERE state = 'suspended' AND wait_lent IN (2, 3, 4)) AS lane FROM live`
-
-	sqSubject   = `s.queue || '/' || s.ckey`
-	stepSubject = `'run ' || s.run_id || ' step ' || s.name`
+	sqCounts    = store.DoctorSqCounts
+	stepCounts  = store.DoctorStepCounts
+	placeCounts = store.DoctorPlaceCounts
+	queueCounts = store.DoctorQueueCounts
+	envCounts   = store.DoctorEnvCounts
+	sqSubject   = store.DoctorSqSubject
+	stepSubject = store.DoctorStepSubject
 )
 
 // liveCTE is the unfinished tasks, read once (through tasks_state) for
