@@ -163,13 +163,14 @@ func (s *Store) CheckCounters(ctx context.Context) ([]string, error) {
 }
 
 // snapshot runs fn in a read-only REPEATABLE READ transaction.
+// An outage answers as one (503 store_unavailable), not as a fault.
 func (s *Store) snapshot(ctx context.Context, fn func(r store.Reader) error) error {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("doctor: %w", err)
+		return unavailable(fmt.Errorf("doctor: %w", err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	return fn(reader{tx})
+	return unavailable(fn(reader{tx}))
 }
 
 // The repair's reads: the rows whose counters differ from the numbers

@@ -188,6 +188,9 @@ func TestPostgresUnavailable(t *testing.T) {
 			return err
 		},
 		"DeleteFinished": func() error { _, err := st.DeleteFinished(ctx, time.Now(), 10); return err },
+		"Doctor":         func() error { _, err := st.Doctor(ctx, store.DoctorOptions{}); return err },
+		"CheckCounters":  func() error { _, err := st.CheckCounters(ctx); return err },
+		"RepairCounters": func() error { _, _, err := st.RepairCounters(ctx); return err },
 	}
 	for name, call := range calls {
 		err := call()
