@@ -424,8 +424,10 @@ func decodeError(resp *http.Response) error {
 
 func codeForStatus(status int) string {
 	switch status {
-	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+	case http.StatusBadRequest, http.StatusUnprocessableEntity:
 		return CodeBadRequest
+	case http.StatusRequestEntityTooLarge:
+		return CodePayloadTooLarge
 	case http.StatusUnauthorized:
 		return CodeUnauthorized
 	case http.StatusForbidden:

@@ -87,7 +87,10 @@ type ScheduleDefinition struct {
 func Expr(cel string) string { return "${{ " + cel + " }}" }
 
 // ApplyDefinition uploads d to b as the workflow's next version (the
-// same version when nothing changed).
+// same version when nothing changed). An invalid definition is refused
+// with a bad_request *Error listing every problem by its field's path
+// ("steps[0].concurrency: must be ≥ 1"); d is sent as one line of JSON,
+// so no line number is cited.
 func ApplyDefinition(ctx context.Context, b Backend, d Definition) (*ApplyResult, error) {
 	data, err := json.Marshal(d)
 	if err != nil {

@@ -15,6 +15,10 @@ const (
 	CodeConflict     = "conflict"
 	CodeAdmission    = "admission_rejected"
 	CodeNotReady     = "not_ready"
+	// CodePayloadTooLarge: the request body is over the server's limit
+	// (HTTP 413; the server's --max-body-bytes, 1 MiB by default).
+	// Nothing was done.
+	CodePayloadTooLarge = "payload_too_large"
 	// CodeConcurrencyFull: a trigger for a full sub-queue of a queue with
 	// strategy cancel_newest was rejected (HTTP 409); nothing was created.
 	CodeConcurrencyFull = "concurrency_full"

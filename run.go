@@ -119,7 +119,10 @@ type Run struct {
 	// on its own.
 	ParentRun  int64  `json:"parent_run,omitempty"`
 	ParentStep string `json:"parent_step,omitempty"`
-	// Explain says why an unfinished run is not progressing.
+	// Explain says why an unfinished run is not progressing, or what ended
+	// a finished one: "succeeded", `failed: step "each" item 7: …` (its
+	// first failing step, item and error), "cancelled" (with why, when
+	// recorded). GetRun and CancelRun only.
 	Explain string `json:"explain,omitempty"`
 	// Steps in the definition's order (GET /v1/runs/{id} only).
 	Steps []RunStep `json:"steps,omitempty"`

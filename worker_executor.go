@@ -32,6 +32,14 @@ type timeoutError struct{ d time.Duration }
 
 func (e *timeoutError) Error() string { return "timeout: attempt exceeded " + e.d.String() }
 
+// serverTimeoutSkew is how much sooner than the handler's own timeout the
+// server may tell the worker to stop a task past its timeout: the server
+// counts it from the claim's commit, a little before the handler starts.
+// An attempt with a timeout that the server cancelled, whose handler
+// returned this close to its timeout or later, is reported as the
+// timeout.
+const serverTimeoutSkew = 250 * time.Millisecond
+
 // run executes one claimed attempt, on a slot taken for it in
 // producer.start.
 func (e *executor) run(tr *taskRun) {
@@ -102,6 +110,17 @@ func (e *executor) execute(tr *taskRun) {
 			r.Error, r.NoRetry = "cancelled", true
 			out, err = nil, nil
 			outcome = outcomeCancelled
+			if tr.timeout > 0 {
+				// The server also tells the worker to stop a task past
+				// its timeout, which is retried, so no NoRetry here: a
+				// requested cancellation ends the task whatever the
+				// result says.
+				r.NoRetry = false
+				if took >= tr.timeout-serverTimeoutSkew {
+					r.Error = (&timeoutError{tr.timeout}).Error()
+					outcome = outcomeTimeout
+				}
+			}
 		default:
 			var te *timeoutError
 			if errors.As(cause, &te) {

@@ -17,6 +17,20 @@
 // the repository documents every route and schema; the JSON names in the
 // struct tags here are the contract, and a test keeps the two equal.
 //
+// Timeouts: a claimed task's Timeout (zero: none) bounds its attempt,
+// counted from the server's record of its start: the claim, or for a
+// reserved successor the hand-over. A worker must enforce it, since the
+// server cannot stop a handler: stop the handler by then and report a
+// failed result (an error such as "timeout: attempt exceeded 30s", without
+// no_retry, so that the task is retried while attempts remain). The server
+// does not wait for that report: its sweeper ends the attempt at its first
+// pass after start + timeout (every --sweep-interval, 1s by default), as a
+// failed attempt with that error, and frees its slots; from start +
+// timeout on, the worker's heartbeats list the task in
+// HeartbeatResult.Cancel, as for a requested cancellation; a result sent
+// after the sweep is acknowledged "stale". The Go Worker does all this;
+// examples/python/worker.py shows it for a worker in another language.
+//
 // Encoding rules that hold for every type here:
 //
 //   - Durations are JSON strings in Go's duration syntax ("1.5s", "250ms",

@@ -61,9 +61,14 @@ type ClaimedTask struct {
 	Attempt        int             `json:"attempt"`
 	MaxAttempts    int             `json:"max_attempts"`
 	Input          json.RawMessage `json:"input"`
-	Timeout        Duration        `json:"timeout"`
-	CreatedAt      time.Time       `json:"created_at"`
-	StartedAt      time.Time       `json:"started_at"`
+	// Timeout bounds the attempt (zero: no bound), counted from the
+	// server's record of its start (StartedAt; for a reserved successor,
+	// the hand-over). The worker enforces it: it stops the handler and
+	// reports a failure by then. The server does not wait for that
+	// report; see the package documentation, "Timeouts".
+	Timeout   Duration  `json:"timeout"`
+	CreatedAt time.Time `json:"created_at"`
+	StartedAt time.Time `json:"started_at"`
 	// LeaseExpiresAt: the worker's lease lasts at least until then, by
 	// the server's clock, unless a heartbeat or claim extends it.
 	LeaseExpiresAt time.Time `json:"lease_expires_at"`
@@ -85,7 +90,8 @@ type ClaimedTask struct {
 // ClaimResult answers a claim.
 type ClaimResult struct {
 	Tasks []ClaimedTask `json:"tasks"`
-	// Cancel lists tasks this worker holds whose cancellation was requested.
+	// Cancel lists tasks this worker holds whose cancellation was
+	// requested: stop them and report their results (failed).
 	Cancel []int64 `json:"cancel,omitempty"`
 }
 
@@ -178,7 +184,9 @@ type HeartbeatResult struct {
 	// Lost lists held tasks the worker no longer owns (lease expired,
 	// reassigned or finished): it must stop running them and drop results.
 	Lost []int64 `json:"lost"`
-	// Cancel lists held tasks whose cancellation was requested.
+	// Cancel lists held tasks whose cancellation was requested, and
+	// running tasks past their timeout: stop them and report their
+	// results (failed; a timeout's without no_retry, as it is retried).
 	Cancel []int64 `json:"cancel"`
 }
 

@@ -21,6 +21,13 @@ func TestDoctor(t *testing.T) {
 	url := startServer(t, server.Config{DB: "sqlite:" + path})
 	env := map[string]string{"SLUICE_SERVER": url, "SLUICE_TOKEN": e2eAdminToken}
 	cliJSON[sluice.Queue](t, env, "queues", "set", "email", "--concurrency-limit", "2")
+	// A worker (that never claims) serves the kind: else the tasks would
+	// wait parked, holding no slot (internal/store/flow/kinds.go), and
+	// email would have no slot holders for the doctor to miscount.
+	wc := sluice.NewClient(url, sluice.WithToken(e2eWorkerToken))
+	if _, err := wc.RegisterWorker(t.Context(), sluice.RegisterWorkerParams{Name: "w", Kinds: []string{"sleep"}, Slots: 2}); err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
 	var tasks []sluice.Task
 	for range 3 {
 		tasks = append(tasks, cliJSON[sluice.Task](t, env, "enqueue", "sleep", "--input", `{"duration":"1h"}`, "--queue", "email"))

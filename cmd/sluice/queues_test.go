@@ -19,6 +19,18 @@ func TestQueuesCounts(t *testing.T) {
 	url := startServer(t, server.Config{})
 	env := map[string]string{"SLUICE_SERVER": url, "SLUICE_TOKEN": e2eAdminToken}
 
+	// Workers serve both kinds before anything is enqueued, else the tasks
+	// would wait parked, holding no slot (internal/store/flow/kinds.go): w
+	// runs two of email's tasks below; the echo worker never claims.
+	wc := sluice.NewClient(url, sluice.WithToken(e2eWorkerToken))
+	reg, err := wc.RegisterWorker(t.Context(), sluice.RegisterWorkerParams{Name: "w", Kinds: []string{"sleep"}, Slots: 2})
+	if err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+	if _, err := wc.RegisterWorker(t.Context(), sluice.RegisterWorkerParams{Name: "e", Kinds: []string{"echo"}, Slots: 1}); err != nil {
+		t.Fatalf("RegisterWorker: %v", err)
+	}
+
 	// email: limit 2 per key, three keys of three tasks: six hold a slot,
 	// three wait. plain: limit 1, no keys.
 	cliJSON[sluice.Queue](t, env, "queues", "set", "email", "--concurrency-limit", "2")
@@ -31,11 +43,6 @@ func TestQueuesCounts(t *testing.T) {
 	cliJSON[sluice.Task](t, env, "enqueue", "echo", "--queue", "plain")
 
 	// A worker claims two of email's six ready tasks: they run.
-	wc := sluice.NewClient(url, sluice.WithToken(e2eWorkerToken))
-	reg, err := wc.RegisterWorker(t.Context(), sluice.RegisterWorkerParams{Name: "w", Kinds: []string{"sleep"}, Slots: 2})
-	if err != nil {
-		t.Fatalf("RegisterWorker: %v", err)
-	}
 	if res, err := wc.Claim(t.Context(), reg.ID, sluice.ClaimParams{Max: 2}); err != nil || len(res.Tasks) != 2 {
 		t.Fatalf("Claim: %+v, %v; want 2 tasks", res, err)
 	}

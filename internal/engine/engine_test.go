@@ -246,6 +246,9 @@ func TestExplain(t *testing.T) {
 	t.Run("queue full", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
 		f.putQueue("email", 5)
+		// A worker serves the kind: a task of an unserved kind would wait
+		// parked, taking no slot (flow/kinds.go).
+		f.register("send")
 		for range 5 {
 			require.Equal(t, sluice.StateReady, f.trigger(sluice.TriggerParams{Kind: "send", Queue: "email"}).State)
 		}
@@ -256,6 +259,7 @@ func TestExplain(t *testing.T) {
 	t.Run("key full", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
 		f.putQueue("q", 1)
+		f.register("k") // served: else the tasks wait parked (flow/kinds.go)
 		first := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:42"})
 		task := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:42"})
 		other := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:43"})
@@ -265,6 +269,7 @@ func TestExplain(t *testing.T) {
 	})
 	t.Run("environment full", func(t *testing.T) {
 		f := newFixture(t, engine.Config{MaxRunning: 3})
+		f.register("k") // served: else the tasks wait parked (flow/kinds.go)
 		for i := range 3 {
 			require.Equal(t, sluice.StateReady, f.trigger(sluice.TriggerParams{Kind: "k", Queue: fmt.Sprintf("q%d", i)}).State)
 		}
@@ -275,6 +280,7 @@ func TestExplain(t *testing.T) {
 	t.Run("queue paused", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
 		f.putQueue("x", 2)
+		f.register("k") // served: else the resume parks it (flow/kinds.go)
 		_, err := f.e.PauseQueue(f.ctx, "x")
 		require.NoError(t, err)
 		task := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "x"})
@@ -287,11 +293,12 @@ func TestExplain(t *testing.T) {
 	t.Run("no worker", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})
 		task := f.trigger(sluice.TriggerParams{Kind: "resize"})
-		require.Equal(t, sluice.StateReady, task.State)
+		require.Equal(t, sluice.StateQueued, task.State, "parked: it takes no slot")
 		require.Equal(t, `no worker for kind "resize"`, f.get(task.ID).Explain)
 		f.register("thumbnail")
 		require.Equal(t, `no worker for kind "resize"`, f.get(task.ID).Explain, "a worker of another kind does not count")
 		f.register("resize")
+		require.Equal(t, sluice.StateReady, f.get(task.ID).State)
 		require.Equal(t, `ready: holds its slot, waiting for a free worker slot for kind "resize"`, f.get(task.ID).Explain)
 	})
 	t.Run("reserved", func(t *testing.T) {
@@ -515,12 +522,17 @@ func TestAdmission(t *testing.T) {
 func TestDispatchDeadline(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	f.putQueue("one", 1)
+	// Workers serve the kinds, else their tasks would wait parked, holding
+	// no slot (flow/kinds.go): the one of "k" never claims, the one of
+	// "orphan" only after the deadline.
+	wk := f.register("k")
+	wo := f.register("orphan")
 	blocker := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one"})
 	queued := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "one", DispatchDeadline: sluice.Duration(5 * time.Second)})
 	require.Equal(t, sluice.StateQueued, queued.State)
 	require.NotNil(t, queued.DispatchDeadlineAt)
 	require.Equal(t, t0.Add(5*time.Second), queued.DispatchDeadlineAt.UTC())
-	// Ready (holding a slot) but no worker takes it.
+	// Ready (holding a slot) but no worker takes it in time.
 	ready := f.trigger(sluice.TriggerParams{Kind: "orphan", DispatchDeadline: sluice.Duration(5 * time.Second)})
 	require.Equal(t, sluice.StateReady, ready.State)
 	// Fails an attempt, then waits out its backoff past the deadline.
@@ -536,7 +548,6 @@ func TestDispatchDeadline(t *testing.T) {
 	}
 	f.clock.Advance(2 * time.Second)
 	// A claim after the deadline does not hand out the expired task.
-	wo := f.register("orphan")
 	require.Empty(t, f.claim(wo, 10))
 	f.sweep()
 	for _, id := range []int64{queued.ID, ready.ID} {
@@ -549,6 +560,10 @@ func TestDispatchDeadline(t *testing.T) {
 	require.Equal(t, sluice.StateScheduled, f.get(retried.ID).State)
 	f.checkCounters()
 
+	// Keep the worker of "k" live past its first lease: the blocker waits
+	// on, ready, for it (its sweep would park the blocker).
+	_, err := f.e.Heartbeat(f.ctx, wk, sluice.HeartbeatParams{FreeSlots: 100})
+	require.NoError(t, err)
 	f.clock.Advance(5 * time.Second)
 	f.sweep()
 	got := f.get(retried.ID)
@@ -558,9 +573,8 @@ func TestDispatchDeadline(t *testing.T) {
 	require.Equal(t, sluice.StateReady, f.get(blocker.ID).State, "a task without a deadline waits on")
 }
 
-// S-LC3: an attempt past its start-to-close timeout (plus the store's grace
-// for the worker's own report) is failed by the sweep; the worker's late
-// result is dropped.
+// S-LC3: an attempt past its start-to-close timeout is failed by the
+// sweep; the worker's late result is dropped.
 func TestTimeoutSweep(t *testing.T) {
 	f := newFixture(t, engine.Config{})
 	w := f.register("slow")
@@ -568,14 +582,15 @@ func TestTimeoutSweep(t *testing.T) {
 	again := f.trigger(sluice.TriggerParams{Kind: "slow", Timeout: sluice.Duration(5 * time.Second), MaxAttempts: 2})
 	require.Len(t, f.claim(w, 2), 2)
 
-	// The sweeper gives the worker's own timeout report a grace period.
-	f.clock.Advance(5*time.Second + store.TimeoutGrace)
+	f.clock.Advance(5 * time.Second)
 	f.sweep()
-	require.Equal(t, sluice.StateRunning, f.get(last.ID).State, "timed out at exactly its timeout and grace")
+	require.Equal(t, sluice.StateRunning, f.get(last.ID).State, "at exactly its timeout: not past it yet")
 	f.clock.Advance(time.Millisecond)
 	// Keep the worker's lease alive: only the timeout may end the attempts.
-	_, err := f.e.Heartbeat(f.ctx, w, sluice.HeartbeatParams{FreeSlots: 98, Held: []int64{last.ID, again.ID}})
+	// The heartbeat tells the worker to stop both.
+	hb, err := f.e.Heartbeat(f.ctx, w, sluice.HeartbeatParams{FreeSlots: 98, Held: []int64{last.ID, again.ID}})
 	require.NoError(t, err)
+	require.ElementsMatch(t, []int64{last.ID, again.ID}, hb.Cancel)
 	f.sweep()
 
 	got := f.get(last.ID)
@@ -591,7 +606,7 @@ func TestTimeoutSweep(t *testing.T) {
 
 	require.Equal(t, "stale", f.complete(w, sluice.TaskResult{TaskID: last.ID, Attempt: 1}), "a late result must be dropped")
 	require.Equal(t, sluice.StateFailed, f.get(last.ID).State)
-	hb, err := f.e.Heartbeat(f.ctx, w, sluice.HeartbeatParams{FreeSlots: 100, Held: []int64{last.ID}})
+	hb, err = f.e.Heartbeat(f.ctx, w, sluice.HeartbeatParams{FreeSlots: 100, Held: []int64{last.ID}})
 	require.NoError(t, err)
 	require.Equal(t, []int64{last.ID}, hb.Lost)
 }
@@ -612,7 +627,10 @@ func TestLongPollDoesNotExtendLease(t *testing.T) {
 	f.clock.Advance(time.Second + time.Millisecond)
 	f.sweep()
 	got := f.get(task.ID)
-	require.Equal(t, sluice.StateReady, got.State, "the frozen worker's task is recovered")
+	// Recovered, retried at once: it waits queued, parked, as the frozen
+	// worker was the only one of its kind and is gone (flow/kinds.go).
+	require.Equal(t, sluice.StateQueued, got.State, "the frozen worker's task is recovered")
+	require.Equal(t, `no worker for kind "k"`, got.Explain)
 	require.Len(t, got.Attempts, 1)
 	require.True(t, strings.HasPrefix(got.Attempts[0].Error, "lease expired"), got.Attempts[0].Error)
 }
@@ -642,12 +660,18 @@ func TestLeaseExpirySweep(t *testing.T) {
 	f.clock.Advance(2 * time.Second)
 	f.sweep()
 	got := f.get(a.ID)
-	require.Equal(t, sluice.StateReady, got.State, "retried at once, keeping its place")
+	// Retried at once; the dead worker was the only one of the kind, so it
+	// waits queued, parked, keeping its place, and gives back its slot
+	// (flow/kinds.go). The next worker of the kind lets it in first below.
+	require.Equal(t, sluice.StateQueued, got.State, "retried at once, keeping its place")
+	require.Equal(t, `no worker for kind "k"`, got.Explain)
 	require.Len(t, got.Attempts, 1)
 	require.Equal(t, dead, got.Attempts[0].WorkerID)
 	require.Equal(t, sluice.StateFailed, got.Attempts[0].State)
 	require.True(t, strings.HasPrefix(got.Attempts[0].Error, "lease expired"), got.Attempts[0].Error)
-	require.Equal(t, sluice.StateQueued, f.get(waiting.ID).State, "the recovered task holds the queue's one slot")
+	got = f.get(waiting.ID)
+	require.Equal(t, sluice.StateQueued, got.State, "parked with it")
+	require.Equal(t, `no worker for kind "k"`, got.Explain)
 	got = f.get(last.ID)
 	require.Equal(t, sluice.StateFailed, got.State, "its one attempt was lost")
 	require.True(t, strings.HasPrefix(got.Error, "lease expired"), got.Error)
@@ -662,6 +686,8 @@ func TestLeaseExpirySweep(t *testing.T) {
 
 	// Another worker finishes it, as attempt 2.
 	live := f.register("k")
+	require.Equal(t, sluice.StateReady, f.get(a.ID).State, "back in line in its place, first")
+	require.Equal(t, sluice.StateQueued, f.get(waiting.ID).State, "the recovered task holds the queue's one slot")
 	claimed := f.claim(live, 10)
 	require.Len(t, claimed, 1)
 	require.Equal(t, a.ID, claimed[0].ID)

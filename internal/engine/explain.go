@@ -39,6 +39,17 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 		}
 		return fmt.Sprintf("queue %q paused", t.Queue), nil
 	case sluice.StateQueued:
+		if !waitingOnChild(t) {
+			// Parked (flow/kinds.go): no slot is taken for a task no
+			// worker can run.
+			ok, err := e.st.KindHasWorker(ctx, t.Kind)
+			if err != nil {
+				return "", err
+			}
+			if !ok {
+				return fmt.Sprintf("no worker for kind %q", t.Kind), nil
+			}
+		}
 		if waitingOnChild(t) {
 			why, err := e.explainQueued(ctx, t)
 			return explainChild(t, why), err

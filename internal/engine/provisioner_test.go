@@ -17,7 +17,9 @@ import (
 	"github.com/sluice-dev/sluice/internal/engine"
 )
 
-// S-W8: while ready tasks wait with no worker capacity for their kind, the
+// S-W8: while ready tasks wait with no worker capacity for their kind, or
+// tasks wait parked because no worker serves their kind at all (scale
+// from zero: the first trigger below has no worker to run it), the
 // hook is called at most once per interval with the shortfall; a failing
 // hook is logged and counted, never fatal.
 func TestProvisionerHook(t *testing.T) {

@@ -15,9 +15,12 @@ import (
 // unfinished ones never are.
 func TestRetention(t *testing.T) {
 	f := newFixture(t, engine.Config{Retention: 24 * time.Hour})
+	// Both kinds served, else their tasks would wait parked (flow/kinds.go);
+	// the worker of "other" never claims.
+	w := f.register("k")
+	f.register("other")
 	done := f.trigger(sluice.TriggerParams{Kind: "k"})
 	waiting := f.trigger(sluice.TriggerParams{Kind: "other"})
-	w := f.register("k")
 	c := f.claim(w, 1)
 	require.Equal(t, "ok", f.complete(w, sluice.TaskResult{TaskID: c[0].ID, Attempt: 1}))
 

@@ -96,6 +96,14 @@ func (b *serviceBundle) state(t *testing.T, id int64) sluice.TaskState {
 	return task.State
 }
 
+// serve registers a worker of kinds, with a lease longer than any test
+// runs its clock: a task of a kind no worker serves waits parked, never
+// ready (flow/kinds.go).
+func (b *serviceBundle) serve(t *testing.T, id string, kinds ...string) {
+	t.Helper()
+	require.NoError(t, b.st.RegisterWorker(b.ctx, store.Worker{ID: id, Name: id, Kinds: kinds, Slots: 1, Lease: 24 * time.Hour}))
+}
+
 const signalTimeout = 10 * time.Second
 
 // value reads a counter.
@@ -122,7 +130,9 @@ func TestLeaseSweeperRunOnce(t *testing.T) {
 
 	b.advance(11 * time.Second)
 	require.NoError(t, s.runOnce(b.ctx))
-	require.Equal(t, sluice.StateReady, b.state(t, task.ID), "back in the flow")
+	// Back in the flow, retried at once: queued, parked, as its swept
+	// worker was the only one of its kind (flow/kinds.go).
+	require.Equal(t, sluice.StateQueued, b.state(t, task.ID), "back in the flow")
 	require.Equal(t, 1, recovered)
 	require.Equal(t, 1, b.changed())
 	require.Equal(t, 2.0, value(t, b.deps.metrics.sweeps))
@@ -145,6 +155,7 @@ func TestLeaseSweeperLoop(t *testing.T) {
 func TestSchedulerRunOnce(t *testing.T) {
 	b := setupService(t)
 	s := newScheduler(b.deps, schedulerConfig{MaxWait: time.Second})
+	b.serve(t, "w", "k")
 	task := b.enqueue(t, store.NewTask{Kind: "k", RunAt: svcT0.Add(time.Minute)})[0]
 	next, err := s.runOnce(b.ctx)
 	require.NoError(t, err)
@@ -165,6 +176,7 @@ func TestSchedulerKick(t *testing.T) {
 	b := setupService(t)
 	s := newScheduler(b.deps, schedulerConfig{MaxWait: time.Hour})
 	s.passed.init()
+	b.serve(t, "w", "k")
 	task := b.enqueue(t, store.NewTask{Kind: "k", RunAt: svcT0.Add(2 * time.Hour)})[0]
 	require.NoError(t, s.Start(b.ctx))
 	require.True(t, s.passed.wait(signalTimeout), "a pass at start")
@@ -179,6 +191,7 @@ func TestRetentionRunOnce(t *testing.T) {
 	b := setupService(t)
 	off := newRetention(b.deps, retentionConfig{Retention: -1, Interval: time.Minute})
 	s := newRetention(b.deps, retentionConfig{Retention: time.Hour, Interval: time.Minute})
+	b.serve(t, "w", "k")
 	tasks := b.enqueue(t, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
 	_, _, err := b.st.CancelTask(b.ctx, tasks[0].ID) // finished now
 	require.NoError(t, err)

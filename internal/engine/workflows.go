@@ -257,8 +257,9 @@ func (e *Engine) runView(ctx context.Context, rec *store.RunRecord, full bool) (
 	return &run, err
 }
 
-// explainRun says why an unfinished run is not progressing: what each
-// running step waits for, and the steps waiting for others.
+// explainRun says what ended a finished run (runOutcome), or why an
+// unfinished run is not progressing: what each running step waits for,
+// and the steps waiting for others.
 func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *definition.Workflow, steps []sluice.RunStep) (string, error) {
 	switch rec.State {
 	case sluice.RunPaused:
@@ -276,6 +277,8 @@ func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *defini
 			return fmt.Sprintf("queued: workflow %q allows %d active runs for key %q", rec.Workflow, w.RunLimit, rec.ConcurrencyKey), nil
 		}
 		return fmt.Sprintf("queued: workflow %q allows %d active runs", rec.Workflow, w.RunLimit), nil
+	case sluice.RunSucceeded, sluice.RunFailed, sluice.RunCancelled:
+		return runOutcome(rec, steps), nil
 	case sluice.RunRunning:
 	default:
 		return "", nil
@@ -309,6 +312,47 @@ func (e *Engine) explainRun(ctx context.Context, rec *store.RunRecord, w *defini
 		return "deciding what runs next", nil
 	}
 	return strings.Join(parts, "; "), nil
+}
+
+// runOutcome says what ended a finished run, from the error it recorded:
+// "succeeded"; for a failed run its first failing step, and item in a
+// fan-out, with its error (`failed: step "each" item 7: boom`), or the
+// run's error as recorded (`failed: definition: …`); "cancelled", with
+// why when the run recorded more (`cancelled: parent run 3 failed`).
+func runOutcome(rec *store.RunRecord, steps []sluice.RunStep) string {
+	state, msg := string(rec.State), rec.Error
+	switch rec.State {
+	case sluice.RunSucceeded:
+		return state
+	case sluice.RunCancelled:
+		// A cancel by hand records "cancelled"; a child run cancelled
+		// with its parent "cancelled: parent run N STATE".
+		if msg == state {
+			msg = ""
+		}
+		msg = strings.TrimPrefix(msg, state+": ")
+	case sluice.RunFailed:
+		// The orchestrator ends a run whose step failed with `step
+		// "NAME" failed: ERR`, ERR starting "item N: " in a fan-out
+		// (orchestrate.Decide, store.StepError).
+		for _, st := range steps {
+			if st.State != sluice.StepFailed {
+				continue
+			}
+			if rest, ok := strings.CutPrefix(msg, fmt.Sprintf("step %q failed: ", st.Name)); ok {
+				if strings.HasPrefix(rest, "item ") {
+					msg = fmt.Sprintf("step %q %s", st.Name, rest)
+				} else {
+					msg = fmt.Sprintf("step %q: %s", st.Name, rest)
+				}
+				break
+			}
+		}
+	}
+	if msg == "" {
+		return state
+	}
+	return state + ": " + msg
 }
 
 // explainStep explains a running step: its window, and why its first

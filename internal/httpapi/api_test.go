@@ -404,7 +404,11 @@ func TestBadInput(t *testing.T) {
 			w := do(h, tt.method, tt.path, tt.body, "")
 			require.Equal(t, tt.status, w.Code, "body: %s", w.Body)
 			e := errorOf(t, w)
-			require.Equal(t, sluice.CodeBadRequest, e.Code)
+			wantCode := sluice.CodeBadRequest
+			if tt.status == http.StatusRequestEntityTooLarge {
+				wantCode = sluice.CodePayloadTooLarge
+			}
+			require.Equal(t, wantCode, e.Code)
 			require.Equal(t, tt.field, e.Field)
 			require.Contains(t, e.Message, tt.msg)
 			require.Empty(t, f.Calls(), "the backend must not be called on bad input")
@@ -544,6 +548,7 @@ func TestErrorMapping(t *testing.T) {
 		{fmt.Errorf("getting: %w", sluice.NotFound("task 7 not found")), 404, sluice.CodeNotFound, "task 7 not found", ""},
 		{sluice.Conflict("task 7 is finished"), 409, sluice.CodeConflict, "task 7 is finished", ""},
 		{sluice.Invalid("queue", "too many"), 400, sluice.CodeBadRequest, "queue: too many", ""},
+		{&sluice.Error{Code: sluice.CodePayloadTooLarge, Message: "too big"}, 413, sluice.CodePayloadTooLarge, "too big", ""},
 		{&sluice.Error{Code: sluice.CodeNotReady, Message: "draining"}, 503, sluice.CodeNotReady, "draining", ""},
 		{&sluice.Error{Code: sluice.CodeForbidden, Message: "no"}, 403, sluice.CodeForbidden, "no", ""},
 		{&sluice.Error{Code: sluice.CodeUnauthorized, Message: "no"}, 401, sluice.CodeUnauthorized, "no", ""},
@@ -645,6 +650,7 @@ func TestCustomBodyLimit(t *testing.T) {
 	h, f := newAPI(t, httpapi.Options{MaxBodyBytes: 32})
 	w := do(h, "POST", "/v1/tasks", `{"kind":"a","input":"0123456789012345678901234567890"}`, "")
 	require.Equal(t, 413, w.Code)
+	require.Equal(t, sluice.CodePayloadTooLarge, errorOf(t, w).Code)
 	require.Contains(t, errorOf(t, w).Message, "larger than 32 bytes")
 	require.Empty(t, f.Calls())
 	require.Equal(t, 201, do(h, "POST", "/v1/tasks", `{"kind":"a"}`, "").Code)

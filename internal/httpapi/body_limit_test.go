@@ -62,7 +62,7 @@ func TestBodyTooLargeIsAnswered(t *testing.T) {
 			require.True(t, resp.Close, "the connection closes after the answer")
 			var env struct{ Error sluice.Error }
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&env))
-			require.Equal(t, sluice.CodeBadRequest, env.Error.Code)
+			require.Equal(t, sluice.CodePayloadTooLarge, env.Error.Code)
 			require.Equal(t, "request body is larger than 1024 bytes", env.Error.Message)
 		})
 	}

@@ -57,6 +57,8 @@ func statusOf(code string) (status int, ok bool) {
 	switch code {
 	case sluice.CodeBadRequest:
 		return http.StatusBadRequest, true
+	case sluice.CodePayloadTooLarge:
+		return http.StatusRequestEntityTooLarge, true
 	case sluice.CodeUnauthorized:
 		return http.StatusUnauthorized, true
 	case sluice.CodeForbidden:
@@ -101,7 +103,7 @@ func retryAfterSeconds(d time.Duration) string {
 func (a *api) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	var tooLarge *errBodyTooLarge
 	if errors.As(err, &tooLarge) {
-		writeError(w, http.StatusRequestEntityTooLarge, &sluice.Error{Code: sluice.CodeBadRequest, Message: tooLarge.Error()})
+		writeError(w, http.StatusRequestEntityTooLarge, &sluice.Error{Code: sluice.CodePayloadTooLarge, Message: tooLarge.Error()})
 		return
 	}
 	if ae, ok := sluice.IsAdmission(err); ok {

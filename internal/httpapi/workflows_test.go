@@ -79,7 +79,7 @@ func TestApplyWorkflowTooLarge(t *testing.T) {
 	w := doCT(h, "POST", "/v1/workflows", big, "application/yaml")
 	require.Equal(t, http.StatusRequestEntityTooLarge, w.Code)
 	e := errorOf(t, w)
-	require.Equal(t, sluice.CodeBadRequest, e.Code)
+	require.Equal(t, sluice.CodePayloadTooLarge, e.Code)
 	require.Contains(t, e.Message, "larger than 1048576 bytes")
 	require.Empty(t, f.Calls())
 
@@ -327,7 +327,11 @@ func TestWorkflowBadInput(t *testing.T) {
 			w := do(h, tt.method, tt.path, tt.body, "")
 			require.Equal(t, tt.status, w.Code, "body: %s", w.Body)
 			e := errorOf(t, w)
-			require.Equal(t, sluice.CodeBadRequest, e.Code)
+			wantCode := sluice.CodeBadRequest
+			if tt.status == http.StatusRequestEntityTooLarge {
+				wantCode = sluice.CodePayloadTooLarge
+			}
+			require.Equal(t, wantCode, e.Code)
 			require.Equal(t, tt.field, e.Field)
 			require.Contains(t, e.Message, tt.msg)
 			require.Empty(t, f.Calls(), "the backend must not be called on bad input")

@@ -116,6 +116,11 @@ func TestOrderRoundRobinAcrossKeys(t *testing.T) {
 	h := newHarness(t, server.Config{MaxRunning: maxRunning})
 	ctx := h.ctx
 	const queue = "tenants"
+	// A worker of the kind that claims nothing yet, so that A's backlog
+	// takes the environment's slots (a kind no worker serves would wait
+	// parked, holding none: flow/kinds.go).
+	standby, err := h.b.RegisterWorker(ctx, sluice.RegisterWorkerParams{Name: "standby", Kinds: []string{"tenant"}, Slots: 1})
+	require.NoError(t, err)
 	trigger := func(key string) int64 {
 		t.Helper()
 		task, _, err := h.b.Trigger(ctx, sluice.TriggerParams{Kind: "tenant", Queue: queue, ConcurrencyKey: key})
@@ -126,7 +131,7 @@ func TestOrderRoundRobinAcrossKeys(t *testing.T) {
 	for i := range batch {
 		batch[i] = sluice.TriggerParams{Kind: "tenant", Queue: queue, ConcurrencyKey: "A"}
 	}
-	_, err := h.b.TriggerBatch(ctx, sluice.TriggerBatchParams{Tasks: batch})
+	_, err = h.b.TriggerBatch(ctx, sluice.TriggerBatchParams{Tasks: batch})
 	require.NoError(t, err)
 	b1 := trigger("B")
 	task, err := h.b.GetTask(ctx, b1)
@@ -139,6 +144,7 @@ func TestOrderRoundRobinAcrossKeys(t *testing.T) {
 	w := sluice.NewWorker(h.b, workerConfig("w", maxRunning))
 	w.Register("tenant", recorder(l, "w", time.Millisecond))
 	h.runWorker(w)
+	require.NoError(t, h.b.DeregisterWorker(ctx, standby.ID))
 
 	// B's first task: the A tasks that held the environment's slots start,
 	// then B's, before the rest of A's backlog. One more A task may come

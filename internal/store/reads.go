@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // The Go half of the stores' reads: each store supplies its SQL (the
@@ -166,10 +167,15 @@ func GetSubqueueStatus(ctx context.Context, r Reader, sql string, taskID int64) 
 }
 
 // Held is what a heartbeat reads of the tasks its worker holds: rows of
-// (id, cancel_requested, claim_seq), running or reserved (handover: a
-// reserved task is the worker's too, held and not lost, and an orphan
-// by the same rule).
+// (id, cancel_requested, claim_seq, timeout_at), running or reserved
+// (handover: a reserved task is the worker's too, held and not lost, and
+// an orphan by the same rule). timeout_at is NULL but for a running task
+// with a timeout.
 type Held struct {
+	// Now is the heartbeat's time (unix µs): a running task whose
+	// timeout_at is before it is past its timeout, to be cancelled as the
+	// sweeper will end it (S-LC3).
+	Now    int64
 	owned  map[int64]int64 // id → claim_seq
 	cancel []int64
 }
@@ -178,21 +184,24 @@ type Held struct {
 func (h *Held) Scan(row Row) error {
 	var id, seq int64
 	var cr bool
-	if err := row.Scan(&id, &cr, &seq); err != nil {
+	var timeoutAt *int64
+	if err := row.Scan(&id, &cr, &seq, &timeoutAt); err != nil {
 		return err
 	}
 	if h.owned == nil {
 		h.owned = map[int64]int64{}
 	}
 	h.owned[id] = seq
-	if cr {
+	if cr || timeoutAt != nil && *timeoutAt < h.Now {
 		h.cancel = append(h.cancel, id)
 	}
 	return nil
 }
 
 // Check is the heartbeat's answer (HeldCheck): held tasks lost, held tasks
-// whose cancellation was requested, and orphans.
+// to cancel (their cancellation was requested, or they ran past their
+// timeout: the worker is to stop them, as the sweeper ends their attempt
+// with the timeout's error), and orphans.
 func (h *Held) Check(p sluice.HeartbeatParams) (lost, cancel, orphans []int64) {
 	lost, orphans = HeldCheck(h.owned, p)
 	return lost, h.cancel, orphans
@@ -235,8 +244,10 @@ func (x *TaskRow) Task() *sluice.Task {
 		}
 		return *p
 	}
-	task.State = sluice.TaskState(x.state)
-	task.PausedFrom = sluice.TaskState(deref(x.pausedFrom))
+	task.State = flow.Shown(sluice.TaskState(x.state), x.pausedFrom)
+	if task.State == sluice.StatePaused {
+		task.PausedFrom = sluice.TaskState(deref(x.pausedFrom))
+	}
 	task.IdempotencyKey = deref(x.idem)
 	task.WorkerID = deref(x.workerID)
 	task.WorkerName = deref(x.wName)
@@ -349,7 +360,7 @@ func AddCounts(queues []sluice.Queue, rows Rows) error {
 			return err
 		}
 		if i, ok := idx[name]; ok {
-			queues[i].Counts[sluice.TaskState(st)] = n
+			queues[i].Counts[sluice.TaskState(st)] += n
 		}
 	}
 	return rows.Err()
@@ -420,7 +431,16 @@ func ListTasksSQL(selectFrom string, f sluice.TaskFilter, afterID int64, param P
 		}
 		where = append(where, col+" = "+ph)
 	}
-	if f.State != "" {
+	switch f.State {
+	case "":
+	case sluice.StateQueued:
+		// A parked task (flow/kinds.go) shows as queued, not paused.
+		cond("t.state", string(f.State))
+		where[len(where)-1] = "(" + where[len(where)-1] + " OR t.state = 'paused' AND t.paused_from = 'unserved')"
+	case sluice.StatePaused:
+		cond("t.state", string(f.State))
+		where = append(where, "coalesce(t.paused_from, '') <> 'unserved'")
+	default:
 		cond("t.state", string(f.State))
 	}
 	if f.Queue != "" {
@@ -455,10 +475,23 @@ func AddStateCounts(q *sluice.Queue, rows Rows) error {
 		if err := rows.Scan(&st, &n); err != nil {
 			return err
 		}
-		q.Counts[sluice.TaskState(st)] = n
+		q.Counts[sluice.TaskState(st)] += n
 	}
 	return rows.Err()
 }
+
+// ShownState is the SQL of a task row's state as the API shows it: a
+// parked task (flow/kinds.go) waits for a worker, which is queued.
+const ShownState = `CASE WHEN state = 'paused' AND paused_from = 'unserved' THEN 'queued' ELSE state END`
+
+// StateCountsSQL is the query of a queue's task counts per state (as
+// shown), its name the first argument (placeholder ph).
+func StateCountsSQL(ph string) string {
+	return `SELECT ` + ShownState + `, count(*) FROM tasks WHERE queue = ` + ph + ` GROUP BY state, paused_from = 'unserved'`
+}
+
+// AllStateCountsSQL is the query of every queue's task counts per state.
+const AllStateCountsSQL = `SELECT queue, ` + ShownState + `, count(*) FROM tasks GROUP BY queue, state, paused_from = 'unserved'`
 
 // GetEnvStatus reads the environment row (sql: max_running, running,
 // active).

@@ -26,12 +26,6 @@ import (
 	"github.com/sluice-dev/sluice"
 )
 
-// TimeoutGrace is added to a task's timeout before the sweeper ends the
-// attempt server-side: the worker's own deadline (which starts when the
-// claim reaches it, slightly later) should end it first and report, so the
-// slot is not freed while the handler may still run.
-const TimeoutGrace = time.Second
-
 // NewTask is a validated task to insert. Defaults are already applied.
 type NewTask struct {
 	Kind             string

@@ -226,7 +226,12 @@ type Counters struct {
 	// Env is the environment row, read by the store.
 	Env *Env
 
+	// ServedFunc reads whether a live worker serves a kind (kinds.go),
+	// set by the store; Served caches its answers for the transaction.
+	ServedFunc func(kind string) (bool, error)
+
 	readied, ended int
+	served         map[string]bool     // kinds.go
 	touched        map[int64]*Subqueue // lend.go
 	sqs            map[int64]*Subqueue
 	byKey          map[[2]string]*Subqueue
@@ -347,22 +352,29 @@ func (c *Counters) PromoteUpTo(sq *Subqueue, most int64) (n, rank int64, err err
 
 // Enter is a new task's move into its sub-queue (sq of q): scheduled if it
 // is not due yet; ready, taking a slot, if the sub-queue and the
-// environment have room and nothing waits ahead of it; else waiting
-// (WaitState). It returns the state and, for ready, the task's rank.
-func (c *Counters) Enter(sq *Subqueue, q *Queue, scheduled bool) (sluice.TaskState, int64, error) {
+// environment have room, nothing waits ahead of it and a live worker
+// serves its kind; else waiting (WaitIn). It returns the state, its
+// paused_from and, for ready, the task's rank.
+func (c *Counters) Enter(sq *Subqueue, q *Queue, scheduled bool, kind string) (sluice.TaskState, *string, int64, error) {
 	var to sluice.TaskState
+	var w Wait
 	switch {
 	case scheduled:
 		to = sluice.StateScheduled
-	case !q.paused && sq.queued == 0 && sq.HasRoom() && c.Env.HasRoom() && !sq.Rated():
+	default:
+		var err error
+		if w, err = c.WaitIn(q, kind); err != nil {
+			return "", nil, 0, err
+		}
+		to = w.State
 		// A rate-limited sub-queue's tasks wait for the refill, which
 		// takes their starts from the rate's allowance (rate.go).
-		to = sluice.StateReady
-	default:
-		to = q.WaitState()
+		if to == sluice.StateQueued && sq.queued == 0 && sq.HasRoom() && c.Env.HasRoom() && !sq.Rated() {
+			to = sluice.StateReady
+		}
 	}
 	rank, err := c.MoveN(sq, q, New, to, 1)
-	return to, rank, err
+	return to, w.PausedFrom(to), rank, err
 }
 
 // Move applies to the counters one task's move from → to, as the

@@ -49,7 +49,7 @@ func TestMoveRanksAndRoundRobin(t *testing.T) {
 	q := c.UseQueue(queueRow("q", i64(3), false))
 	a, b := c.UseSubqueue(subqueueRow(1, q, "a")), c.UseSubqueue(subqueueRow(2, q, "b"))
 	for range 5 {
-		_, _, err := c.Enter(a, q, false)
+		_, _, err := enter(&c, a, q, false)
 		require.NoError(t, err)
 	}
 	// Three took slots (ranks 1, 2, 3), two wait.
@@ -127,7 +127,7 @@ func TestDirty(t *testing.T) {
 	require.Same(t, a, c.UseSubqueue(subqueueRow(1, q, "a")))
 	require.Same(t, a, c.HeldSubqueueByKey("q", "a"))
 	require.Same(t, q, c.UseQueue(queueRow("q", nil, false)))
-	_, _, err := c.Enter(a, q, false)
+	_, _, err := enter(&c, a, q, false)
 	require.NoError(t, err)
 	env, sqs, qs := c.Dirty()
 	require.Same(t, c.Env, env)
@@ -220,7 +220,7 @@ func (m *model) step() {
 	case 0, 1: // trigger
 		sq := m.sqs[m.rnd.IntN(len(m.sqs))]
 		q := m.c.HeldQueue(sq.Queue())
-		state, rank, err := m.c.Enter(sq, q, m.rnd.IntN(5) == 0)
+		state, rank, err := enter(&m.c, sq, q, m.rnd.IntN(5) == 0)
 		require.NoError(m.t, err)
 		m.tasks = append(m.tasks, &task{state: state, sq: sq, q: q, rank: rank})
 		m.log = append(m.log, "enqueue "+string(state))
@@ -469,4 +469,11 @@ func TestCountersModel(t *testing.T) {
 			m.c.Dirty()
 		})
 	}
+}
+
+// enter is Counters.Enter of a task of a kind a worker serves.
+func enter(c *flow.Counters, sq *flow.Subqueue, q *flow.Queue, scheduled bool) (sluice.TaskState, int64, error) {
+	c.KnowServed("k", true)
+	to, _, rank, err := c.Enter(sq, q, scheduled, "k")
+	return to, rank, err
 }

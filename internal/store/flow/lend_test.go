@@ -12,7 +12,7 @@ import (
 // running enters a task and claims it.
 func running(t *testing.T, c *flow.Counters, sq *flow.Subqueue, q *flow.Queue) {
 	t.Helper()
-	to, _, err := c.Enter(sq, q, false)
+	to, _, err := enter(c, sq, q, false)
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateReady, to)
 	require.NoError(t, flow.Uncounted(sluice.StateReady, sluice.StateRunning))
@@ -26,10 +26,10 @@ func TestLentSlotServesOnlyTheChild(t *testing.T) {
 	c.Env = envRow(0)
 	q := c.UseQueue(queueRow("q", i64(1), false))
 	sq := c.UseSubqueue(subqueueRow(1, q, ""))
-	running(t, &c, sq, q)              // the parent
-	_, _, err := c.Enter(sq, q, false) // an unrelated task, queued first
+	running(t, &c, sq, q)                // the parent
+	_, _, err := enter(&c, sq, q, false) // an unrelated task, queued first
 	require.NoError(t, err)
-	_, _, err = c.Enter(sq, q, false) // the child, behind it
+	_, _, err = enter(&c, sq, q, false) // the child, behind it
 	require.NoError(t, err)
 	require.Equal(t, int64(2), sq.Queued())
 

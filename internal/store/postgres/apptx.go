@@ -104,6 +104,7 @@ func (s *Store) runIn(ctx context.Context, tx pgx.Tx, fn func(t *txn) error) (er
 		return err
 	}
 	t := &txn{ctx: ctx, s: s, conn: conn, b: &pgx.Batch{}}
+	t.ServedFunc = t.served
 	t.Env = &flow.Env{}
 	defer func() {
 		if err != nil && !conn.IsClosed() {

@@ -27,6 +27,8 @@ func TestPostgresEnqueueTx(t *testing.T) {
 	st := open(t, pgtest.URL(t))
 	_, err := st.Migrate(ctx)
 	require.NoError(t, err)
+	// A worker of the kind: no task parks (flow/kinds.go).
+	require.NoError(t, st.RegisterWorker(ctx, store.Worker{ID: "w", Kinds: []string{"k"}, Slots: 1, Lease: time.Hour}))
 	app := connect(t, pgtest.BaseURL(t))
 	other := connect(t, pgtest.BaseURL(t))
 	var schema string

@@ -28,6 +28,7 @@ type runningTask struct {
 	// run was paused when the task was read (run_pause.go).
 	runID     *int64
 	runPaused bool
+	kind      string
 	sq        *flow.Subqueue
 	q         *flow.Queue
 	// from is the state of a task its worker holds while it waits for a
@@ -68,10 +69,11 @@ const chainSQL = `ARRAY(SELECT c.id FROM (
 // run, so ending an attempt spends no round trip on it.
 func runningSelect(where string) string {
 	return `WITH t AS MATERIALIZED (SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.sq, t.queue,
-			t.step_id IS NOT NULL AS run, t.run_id, t.state, t.wait_lent
+			t.step_id IS NOT NULL AS run, t.run_id, t.state, t.wait_lent, t.kind
 		FROM tasks t WHERE ` + where + `)
 	SELECT t.id, t.worker_id, t.attempt, t.max_attempts, t.started_at, t.cancel_requested, t.timeout_us, t.run, t.run_id, t.state, t.wait_lent,
-		CASE WHEN t.run_id IS NULL THEN false ELSE EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id AND r.state = 'paused') END, ` +
+		CASE WHEN t.run_id IS NULL THEN false ELSE EXISTS (SELECT 1 FROM runs r WHERE r.id = t.run_id AND r.state = 'paused') END,
+		t.kind, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = t.kind), ` +
 		sqCols + `, ` + qCols + `, ` + chainSQL + `
 	FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`
 }
@@ -79,11 +81,15 @@ func runningSelect(where string) string {
 func (t *txn) scanRunning(rows pgx.Rows) (*runningTask, error) {
 	r := &runningTask{}
 	sq, q := &flow.Subqueue{}, &flow.Queue{}
+	var served bool
 	dest := append([]any{&r.id, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.timeoutUS, &r.run,
-		&r.runID, &r.from, &r.hold, &r.runPaused}, sq.Dest()...)
+		&r.runID, &r.from, &r.hold, &r.runPaused, &r.kind, &served}, sq.Dest()...)
 	if err := rows.Scan(append(append(dest, q.Dest()...), &r.next)...); err != nil {
 		return nil, err
 	}
+	// Read in the statement, after any change of the kind's workers this
+	// transaction made before it (dropWorkers deletes them first).
+	t.KnowServed(r.kind, served)
 	r.sq, r.q = t.UseSubqueue(sq), t.UseQueue(q)
 	return r, nil
 }
@@ -117,13 +123,20 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 	if err := t.unreserveAfter(r); err != nil {
 		return err
 	}
-	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, q.WaitState())
+	w, err := t.WaitIn(q, r.kind)
+	if err != nil {
+		return err
+	}
+	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, w.State)
 	// A retry of a paused run's task waits paused, remembering whether it
 	// backs off (scheduled, its run_at kept) or waits for a slot.
-	pausedFrom, runPaused := flow.PausedFrom(state), false
+	pausedFrom, runPaused := w.PausedFrom(state), false
 	if !state.Terminal() && r.runID != nil {
-		if runPaused = t.runPausedAs(*r.runID, r.runPaused); runPaused && state != sluice.StatePaused {
+		if runPaused = t.runPausedAs(*r.runID, r.runPaused); runPaused && (state != sluice.StatePaused || w.Parked) {
 			from := string(state)
+			if w.Parked {
+				from = string(sluice.StateQueued)
+			}
 			state, pausedFrom = sluice.StatePaused, &from
 		}
 	}

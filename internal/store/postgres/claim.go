@@ -203,7 +203,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 		rank     int64
 	}
 	var got []ranked
-	args := []any{w.kinds, t.now, n, w.id, t.now + store.TimeoutGrace.Microseconds(), store.US(leaseUntil), seq}
+	args := []any{w.kinds, t.now, n, w.id, t.now, store.US(leaseUntil), seq} // $5: the timeout runs from the start ($2)
 	sql := claimSQL
 	var promoted func(sq int64)
 	check := func() error { return nil }

@@ -263,7 +263,7 @@ func (t *txn) queueComplete(workerID string, results []sluice.TaskResult, at int
 		}
 		if len(ps) > 0 {
 			c.early = true
-			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, workerID}, scanMoved(&c.moved))
+			t.queueQuery("handing over", handOverSQL, []any{ats, ps, ss, workerID}, scanMoved(&c.moved))
 			t.queueReserved("handing over", `r.after_id = ANY($1)`, []any{ids}, &c.rest)
 		}
 		// One row per sub-queue with the tasks that ended in it.

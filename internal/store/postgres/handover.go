@@ -142,11 +142,11 @@ type handoff struct {
 	success bool
 }
 
-// handOverSQL moves the successors ($3: predecessor, $4: successor)
-// still reserved for worker $5 after their predecessors to running, as a
+// handOverSQL moves the successors ($2: predecessor, $3: successor)
+// still reserved for worker $4 after their predecessors to running, as a
 // claim starts a task: each starts when its predecessor finished ($1), so
-// the records show the slot passing on at one instant ($2: the grace
-// added to the timeout). Each row carries the task reserved after the
+// the records show the slot passing on at one instant, and its timeout
+// runs from then. Each row carries the task reserved after the
 // successor, if any (at depth 2), which stays reserved after it: the
 // chain's tail, after which reserveAfter tops the chain up.
 //
@@ -156,13 +156,13 @@ type handoff struct {
 // plan, whose statistics saw no reserved task, scanned the worker's
 // reserved tasks and compared each with the whole batch (16 ms for 99
 // hand-overs, seen with auto_explain).
-const handOverSQL = `WITH v AS (SELECT * FROM unnest($3::bigint[], $4::bigint[], $1::bigint[]) AS v(p, s, at)),
+const handOverSQL = `WITH v AS (SELECT * FROM unnest($2::bigint[], $3::bigint[], $1::bigint[]) AS v(p, s, at)),
 	hit AS MATERIALIZED (
 		SELECT v.s, v.at FROM v CROSS JOIN LATERAL (SELECT state, worker_id, after_id FROM tasks WHERE id = v.s OFFSET 0) cur
-		WHERE cur.state = 'reserved' AND cur.worker_id = $5 AND cur.after_id = v.p),
+		WHERE cur.state = 'reserved' AND cur.worker_id = $4 AND cur.after_id = v.p),
 	moved AS (
 		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, started_at = hit.at,
-			timeout_at = CASE WHEN t.timeout_us > 0 THEN hit.at + $2 + t.timeout_us END, after_id = NULL
+			timeout_at = CASE WHEN t.timeout_us > 0 THEN hit.at + t.timeout_us END, after_id = NULL
 		FROM hit WHERE t.id = hit.s
 		RETURNING t.id, t.sq, t.queue, t.ckey)
 	SELECT m.id, m.sq, m.queue, m.ckey,
@@ -338,7 +338,7 @@ func (c *completion) handOver(t *txn, handover bool) error {
 			for i, h := range late {
 				ps[i], ss[i], ats[i] = h.p, h.s, h.at
 			}
-			t.queueQuery("handing over", handOverSQL, []any{ats, store.TimeoutGrace.Microseconds(), ps, ss, c.workerID}, scanMoved(&got))
+			t.queueQuery("handing over", handOverSQL, []any{ats, ps, ss, c.workerID}, scanMoved(&got))
 		}
 		// What is still reserved after the ended tasks, read after the
 		// hand-over (and after the failures' releases, queued before it).

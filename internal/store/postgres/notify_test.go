@@ -49,6 +49,10 @@ func TestPostgresListen(t *testing.T) {
 	other := open(t, pgtest.URL(t))
 	_, err := other.Migrate(ctx)
 	require.NoError(t, err)
+	// A worker of the kind in each schema: no task parks (flow/kinds.go).
+	for _, st := range []*postgres.Store{a, other} {
+		require.NoError(t, st.RegisterWorker(ctx, store.Worker{ID: "wk", Kinds: []string{"k"}, Slots: 1, Lease: time.Hour}))
+	}
 
 	var signals atomic.Int64
 	lctx, cancel := context.WithCancel(ctx)
@@ -82,10 +86,10 @@ func TestPostgresListen(t *testing.T) {
 	// A completion that refills a slot wakes it too.
 	_, _, err = a.PutQueue(ctx, "q", sluice.QueueParams{ConcurrencyLimit: sluice.Set(1)})
 	require.NoError(t, err)
+	require.NoError(t, a.RegisterWorker(ctx, store.Worker{ID: "w", Name: "w", Kinds: []string{"q"}, Slots: 1, Lease: time.Minute}))
 	_, _, err = a.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "q", Queue: "q", MaxAttempts: 1}, {Kind: "q", Queue: "q", MaxAttempts: 1}})
 	require.NoError(t, err)
 	atLeast(3, "enqueue")
-	require.NoError(t, a.RegisterWorker(ctx, store.Worker{ID: "w", Name: "w", Kinds: []string{"q"}, Slots: 1, Lease: time.Minute}))
 	c, err := a.Claim(ctx, "w", 1, time.Minute, 0)
 	require.NoError(t, err)
 	require.Len(t, c, 1)

@@ -236,6 +236,12 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 	return applied, nil
 }
 
+// migrationSteps are the Go steps of migrations, run after their SQL in
+// their transaction, as a write transaction (counters, refill).
+var migrationSteps = map[string]func(t *txn) error{
+	"0015_unserved": (*txn).parkStrays,
+}
+
 // migrate applies one migration unless it was applied, and reports
 // whether it applied it.
 func (s *Store) migrate(ctx context.Context, name string) (bool, error) {
@@ -267,6 +273,12 @@ func (s *Store) migrate(ctx context.Context, name string) (bool, error) {
 	// multi-statement body.
 	if _, err := tx.Exec(ctx, string(body)); err != nil {
 		return false, err
+	}
+	if step := migrationSteps[name]; step != nil {
+		var o store.Outcome
+		if err := s.runIn(ctx, tx, settled(step, &o)); err != nil {
+			return false, err
+		}
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES ($1, $2)`, name, time.Now().UnixMicro()); err != nil {
 		return false, err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // Queues, pause and the environment limit, method for method as in the
@@ -87,13 +88,13 @@ const queueCols = `name, concurrency_limit, max_backlog, paused, handover, activ
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
 	return store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = $1`,
-		`SELECT state, count(*) FROM tasks WHERE queue = $1 GROUP BY state`, name)
+		store.StateCountsSQL(`$1`), name)
 }
 
 // ListQueues returns every queue with counts, by name.
 func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
 	return store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name COLLATE "C"`,
-		`SELECT queue, state, count(*) FROM tasks GROUP BY queue, state`)
+		store.AllStateCountsSQL)
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).
@@ -150,6 +151,9 @@ func (t *txn) pauseTasks(name string) error {
 	}
 	t.exec("pausing queue", `UPDATE subqueues SET queued = 0 WHERE queue = $1`, name)
 	t.exec("pausing queue", `UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = $1 AND state IN ('ready', 'queued')`, name)
+	// Parked tasks (flow/kinds.go) are paused by their queue now; its
+	// resume parks them again if no worker serves them yet.
+	t.exec("pausing queue", `UPDATE tasks SET paused_from = 'queued' WHERE queue = $1 AND state = 'paused' AND paused_from = $2`, name, flow.Unserved)
 	// A child paused from ready gave back the slot its parent lent it:
 	// the parent holds it for the child again (children.go). Read after
 	// the statements above, the rows held are their result.
@@ -165,6 +169,10 @@ func (t *txn) resumeTasks(name string) error {
 	}
 	// A task of a paused run stays paused: its run's resume returns it.
 	t.exec("resuming queue", `UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = $1 AND state = 'paused' AND NOT run_paused`, name)
+	// Those of kinds no worker serves park (flow/kinds.go).
+	if err := t.parkQueue(name); err != nil {
+		return err
+	}
 	t.exec("resuming queue", `UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = $1`, name)
 	return nil
 }

@@ -158,7 +158,7 @@ func TestPostgresHandoverReadsScale(t *testing.T) {
 		args  []any
 		tasks int // the tasks it works on
 	}{
-		{"hand-over", handOverSQL, []any{ats, int64(0), ps, ss, "w"}, n},
+		{"hand-over", handOverSQL, []any{ats, ps, ss, "w"}, n},
 		{"running tasks with their chains", runningSelect(`t.state = 'running' AND t.worker_id = $1`), []any{"w"}, 3 * n},
 		{"reserved tasks with their chains", reservedSelect(`r.after_id = ANY($1)`), []any{running}, 2 * n},
 		{"reserving after each chain's tail", reserveSQL, []any{tails, sqs, offs, "w", int64(1), n, ones}, n},

@@ -122,7 +122,8 @@ func pauseRunsSQL(where string) string {
 			OFFSET 0) x),
 	c AS (
 		UPDATE tasks t SET state = 'paused',
-			paused_from = CASE t.state WHEN 'paused' THEN t.paused_from WHEN 'scheduled' THEN 'scheduled' ELSE 'queued' END,
+			paused_from = CASE t.state WHEN 'paused' THEN (CASE WHEN t.paused_from = '` + flow.Unserved + `' THEN 'queued' ELSE t.paused_from END)
+				WHEN 'scheduled' THEN 'scheduled' ELSE 'queued' END,
 			run_paused = true, worker_id = NULL, after_id = NULL
 		WHERE t.id = ANY(ARRAY(SELECT id FROM o)))
 	SELECT g.state, g.n, g.reserved, ` + sqCols + `, ` + qCols + ` FROM (
@@ -222,21 +223,23 @@ func (r *runRow) dest() []any {
 // resumeTasksSQL returns the paused tasks of the runs $1 to the states
 // they left, in one statement: a task whose queue is paused and that
 // waited for a slot stays paused, for the queue's resume. It returns the
-// moves grouped by sub-queue, queue and the state each task returns to,
-// with those rows (for flow.Counters.MoveN). Each run's tasks are read
+// moves grouped by sub-queue, queue, the state each task returns to and
+// its kind, with those rows (for flow.Counters.MoveN), whether a worker
+// serves the kind and the tasks' ids (a task of a kind none serves
+// parks: resumeRuns). Each run's tasks are read
 // through tasks_run, behind an OFFSET 0 fence, and updated by primary
 // key (see claimSQL).
 const resumeTasksSQL = `WITH o AS MATERIALIZED (
-		SELECT x.id, x.paused_from, x.sq, x.queue,
+		SELECT x.id, x.paused_from, x.sq, x.queue, x.kind,
 			coalesce((SELECT q.paused FROM queues q WHERE q.name = x.queue), false) AND x.paused_from = 'queued' AS stay
 		FROM unnest($1::bigint[]) AS r(id) CROSS JOIN LATERAL (
-			SELECT id, paused_from, sq, queue FROM tasks WHERE run_id = r.id AND state = 'paused' AND run_paused OFFSET 0) x),
+			SELECT id, paused_from, sq, queue, kind FROM tasks WHERE run_id = r.id AND state = 'paused' AND run_paused OFFSET 0) x),
 	u AS (
 		UPDATE tasks t SET state = CASE WHEN o.stay THEN 'paused' ELSE o.paused_from END,
 			paused_from = CASE WHEN o.stay THEN o.paused_from END, run_paused = false
 		FROM o WHERE t.id = o.id AND t.id = ANY(ARRAY(SELECT id FROM o)))
-	SELECT g.paused_from, g.n, ` + sqCols + `, ` + qCols + ` FROM (
-		SELECT sq, queue, paused_from, count(*) AS n FROM o WHERE NOT stay GROUP BY sq, queue, paused_from) g
+	SELECT g.paused_from, g.n, g.kind, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = g.kind), g.ids, ` + sqCols + `, ` + qCols + ` FROM (
+		SELECT sq, queue, paused_from, kind, count(*) AS n, array_agg(id) AS ids FROM o WHERE NOT stay GROUP BY sq, queue, paused_from, kind) g
 	JOIN subqueues s ON s.id = g.sq JOIN queues q ON q.name = g.queue`
 
 // resumeRuns resumes or starts runs of workflow, in id order (rows, each
@@ -294,15 +297,34 @@ func (t *txn) resumeRuns(workflow string, wfPaused bool, rows []runRow, active m
 	t.exec("resuming runs", `UPDATE runs SET state = 'running', paused_from = NULL, seq = seq + 1 WHERE id = ANY($1)`, resumed)
 	t.queueQuery("resuming run tasks", resumeTasksSQL, []any{resumed}, func(rows pgx.Rows) error {
 		var (
-			to string
-			n  int64
+			to, kind string
+			n        int64
+			served   bool
+			ids      []int64
 		)
 		sq, q := &flow.Subqueue{}, &flow.Queue{}
-		if err := rows.Scan(append(append([]any{&to, &n}, sq.Dest()...), q.Dest()...)...); err != nil {
+		if err := rows.Scan(append(append([]any{&to, &n, &kind, &served, &ids}, sq.Dest()...), q.Dest()...)...); err != nil {
 			return err
 		}
-		_, err := t.MoveN(t.UseSubqueue(sq), t.UseQueue(q), sluice.StatePaused, sluice.TaskState(to), n)
-		return err
+		sq, q = t.UseSubqueue(sq), t.UseQueue(q)
+		if _, err := t.MoveN(sq, q, sluice.StatePaused, sluice.TaskState(to), n); err != nil {
+			return err
+		}
+		if sluice.TaskState(to) != sluice.StateQueued {
+			return nil
+		}
+		// Back in line, unless no worker serves its kind: then parked
+		// (flow/kinds.go), with the next round trip.
+		t.KnowServed(kind, served)
+		w, err := t.WaitIn(q, kind)
+		if err != nil || !w.Parked {
+			return err
+		}
+		if _, err := t.MoveN(sq, q, sluice.StateQueued, w.State, n); err != nil {
+			return err
+		}
+		t.exec("resuming run tasks", `UPDATE tasks SET state = $2, paused_from = $3 WHERE id = ANY($1)`, ids, string(w.State), w.PausedFrom(w.State))
+		return nil
 	})
 	// Windows that an end made room in while the run was paused let
 	// their next items in now (settle).

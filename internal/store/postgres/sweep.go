@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,20 +33,27 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		// The due tasks in a CTE of their own, read through tasks_due (see
 		// runningSelect).
 		err := t.query("promoting due tasks", `WITH t AS MATERIALIZED (
-				SELECT id, sq, queue FROM tasks WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT $2)
-			SELECT t.id, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`,
+				SELECT id, sq, queue, kind FROM tasks WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT $2)
+			SELECT t.id, t.kind, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = t.kind), `+sqCols+`, `+qCols+`
+			FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`,
 			[]any{t.now, limit}, func(rows pgx.Rows) error {
 				var id int64
+				var kind string
+				var served bool
 				sq, q := &flow.Subqueue{}, &flow.Queue{}
-				if err := rows.Scan(append(append([]any{&id}, sq.Dest()...), q.Dest()...)...); err != nil {
+				if err := rows.Scan(append(append([]any{&id, &kind, &served}, sq.Dest()...), q.Dest()...)...); err != nil {
 					return err
 				}
 				q = t.UseQueue(q)
-				state := q.WaitState()
-				if err := t.Move(t.UseSubqueue(sq), q, sluice.StateScheduled, state); err != nil {
+				t.KnowServed(kind, served)
+				w, err := t.WaitIn(q, kind)
+				if err != nil {
 					return err
 				}
-				ids, states, paused = append(ids, id), append(states, string(state)), append(paused, flow.PausedFrom(state))
+				if err := t.Move(t.UseSubqueue(sq), q, sluice.StateScheduled, w.State); err != nil {
+					return err
+				}
+				ids, states, paused = append(ids, id), append(states, string(w.State)), append(paused, w.PausedFrom(w.State))
 				return nil
 			})
 		if err != nil {
@@ -127,23 +135,23 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
 		return t.query("expiring deadlines", `WITH t AS MATERIALIZED (
-				SELECT id, state, dispatch_deadline_at - created_at AS dl, attempt, sq, queue, step_id IS NOT NULL AS run FROM tasks
+				SELECT id, state, `+store.ShownState+` AS shown, dispatch_deadline_at - created_at AS dl, attempt, sq, queue, step_id IS NOT NULL AS run FROM tasks
 				WHERE dispatch_deadline_at IS NOT NULL AND state IN ('waiting', 'scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= $1
 				ORDER BY dispatch_deadline_at LIMIT $2)
-			SELECT t.id, t.state, t.dl, t.attempt, t.run, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`, []any{t.now, limit}, func(rows pgx.Rows) error {
+			SELECT t.id, t.state, t.shown, t.dl, t.attempt, t.run, `+sqCols+`, `+qCols+` FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`, []any{t.now, limit}, func(rows pgx.Rows) error {
 			var (
-				id, dl  int64
-				state   string
-				attempt int
-				run     bool
+				id, dl       int64
+				state, shown string
+				attempt      int
+				run          bool
 			)
 			sq, q := &flow.Subqueue{}, &flow.Queue{}
-			if err := rows.Scan(append(append([]any{&id, &state, &dl, &attempt, &run}, sq.Dest()...), q.Dest()...)...); err != nil {
+			if err := rows.Scan(append(append([]any{&id, &state, &shown, &dl, &attempt, &run}, sq.Dest()...), q.Dest()...)...); err != nil {
 				return err
 			}
 			st := sluice.TaskState(state)
 			q = t.UseQueue(q)
-			why := store.DeadlineReason(time.Duration(dl)*time.Microsecond, attempt, st, q.Name())
+			why := store.DeadlineReason(time.Duration(dl)*time.Microsecond, attempt, sluice.TaskState(shown), q.Name())
 			if err := t.cancelWaiting(id, st, run, t.UseSubqueue(sq), q, why); err != nil {
 				return err
 			}
@@ -207,7 +215,16 @@ func (s *Store) DeleteFinishedRuns(ctx context.Context, before time.Time, limit 
 // moved (and counted) once: ending a running task returns its chain too
 // (unreserveAfter), which unreserve skips as already moved.
 func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) (int, error) {
-	t.exec("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1)`, workerIDs)
+	// Their kinds first: a task they held that goes back in line parks
+	// if they were its kind's last workers (flow/kinds.go).
+	var kinds []string
+	t.queueQuery("dropping workers", `DELETE FROM worker_kinds WHERE worker_id = ANY($1) RETURNING kind`, []any{workerIDs}, func(rows pgx.Rows) error {
+		var k string
+		err := rows.Scan(&k)
+		kinds = append(kinds, k)
+		return err
+	})
+	t.ForgetServed()
 	var reserved []reservedTask
 	t.queueReserved("dropping workers", `r.worker_id = ANY($1)`, []any{workerIDs}, &reserved)
 	var held []*runningTask
@@ -221,6 +238,22 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 	for i, rt := range held {
 		if err := t.endAttempt(rt, store.AttemptOutcome{Err: reason(rt.workerID), RetryAfter: -1}); err != nil {
 			return i, err
+		}
+	}
+	// The waiting tasks of the kinds that lost their last worker park.
+	slices.Sort(kinds)
+	kinds = slices.Compact(kinds)
+	t.knowServed(kinds)
+	if err := t.send(); err != nil {
+		return len(held), err
+	}
+	for _, k := range kinds {
+		served, err := t.Served(k)
+		if err == nil && !served {
+			err = t.park(k)
+		}
+		if err != nil {
+			return len(held), err
 		}
 	}
 	return len(held), nil

@@ -121,10 +121,16 @@ func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error 
 func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 	var qnames []string
 	var sqQueues, sqKeys []string
+	var kinds []string
 	seenQ := map[string]bool{}
 	seenSQ := map[[2]string]bool{}
+	seenK := map[string]bool{}
 	for _, i := range fresh {
 		nt := &tasks[i]
+		if !seenK[nt.Kind] {
+			seenK[nt.Kind] = true
+			kinds = append(kinds, nt.Kind)
+		}
 		if t.HeldQueue(nt.Queue) == nil && !seenQ[nt.Queue] {
 			seenQ[nt.Queue] = true
 			qnames = append(qnames, nt.Queue)
@@ -161,6 +167,9 @@ func (t *txn) prepareInsert(tasks []store.NewTask, fresh []int) error {
 			return nil
 		})
 	}
+	// Whether a worker serves each kind: a task of a kind none serves
+	// parks (flow/kinds.go).
+	t.knowServed(kinds)
 	t.ids = t.ids[:0]
 	if len(fresh) > 0 {
 		t.queueQuery("drawing task ids", `SELECT nextval(pg_get_serial_sequence('tasks', 'id')) FROM generate_series(1, $1)`,
@@ -249,9 +258,10 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		}
 		runAt := nt.RunAtUS(t.now)
 		var (
-			state sluice.TaskState
-			rank  int64
-			err   error
+			state      sluice.TaskState
+			pausedFrom *string
+			rank       int64
+			err        error
 		)
 		if nt.Run == nil {
 			// The queue's strategy (strategy.go); a workflow's steps are
@@ -271,8 +281,9 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			// A task of a paused run waits paused, as if it had entered
 			// the wait list.
 			state, err = sluice.StatePaused, t.Move(sq, q, flow.New, sluice.StatePaused)
+			pausedFrom = flow.PausedFrom(state)
 		default:
-			state, rank, err = t.Enter(sq, q, runAt > t.now)
+			state, pausedFrom, rank, err = t.Enter(sq, q, runAt > t.now, nt.Kind)
 		}
 		if err != nil {
 			return err
@@ -294,9 +305,9 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		kinds[j], queues[j], ckeys[j], states[j] = nt.Kind, nt.Queue, nt.ConcurrencyKey, string(state)
 		sqs[j], timeouts[j], runAts[j], ranks[j] = sq.ID(), nt.Timeout.Microseconds(), runAt, rank
 		priorities[j], maxAttempts[j], deadlines[j] = nt.Priority, nt.MaxAttempts, nt.DeadlineUS(t.now)
-		paused[j], inputs[j] = flow.PausedFrom(state), store.JSONOrNull(nt.Input)
+		paused[j], inputs[j] = pausedFrom, store.JSONOrNull(nt.Input)
 		if results != nil {
-			results[i] = store.EnqueueResult{Task: nt.Inserted(t.ids[j], state, runAt, t.now), Created: true}
+			results[i] = store.EnqueueResult{Task: nt.Inserted(t.ids[j], flow.Shown(state, pausedFrom), runAt, t.now), Created: true}
 		}
 	}
 	write(n)
@@ -445,9 +456,12 @@ func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*slu
 	o, err := s.write(ctx, func(t *txn) error {
 		r := store.Retry{ID: id}
 		sq, q := &flow.Subqueue{}, &flow.Queue{}
+		var kind string
+		var served bool
 		found, err := t.queryRow("retry", `SELECT t.state, t.run_id, t.attempt, t.max_attempts, t.attempt_budget, t.created_at, t.dispatch_deadline_at, `+
-			sqCols+`, `+qCols+` FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue WHERE t.id = $1`,
-			[]any{id}, append(append(r.Dest(), sq.Dest()...), q.Dest()...)...)
+			sqCols+`, `+qCols+`, t.kind, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = t.kind)
+			FROM tasks t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue WHERE t.id = $1`,
+			[]any{id}, append(append(append(r.Dest(), sq.Dest()...), q.Dest()...), &kind, &served)...)
 		if err != nil {
 			return err
 		}
@@ -465,9 +479,15 @@ func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*slu
 		if !q.Admits(1) {
 			return store.QueueAdmissionError(q.Name(), *q.MaxBacklog(), q.Active())
 		}
-		// On the wait list (paused if its queue is); the refill at the
-		// end of the transaction gives it a slot if one is free.
-		to := q.WaitState()
+		// On the wait list (paused if its queue is, parked if no worker
+		// serves its kind); the refill at the end of the transaction
+		// gives it a slot if one is free.
+		t.KnowServed(kind, served)
+		w, err := t.WaitIn(q, kind)
+		if err != nil {
+			return err
+		}
+		to := w.State
 		if err := t.Move(sq, q, r.State(), to); err != nil {
 			return err
 		}
@@ -475,7 +495,7 @@ func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*slu
 		t.exec("retry", `UPDATE tasks SET state = $1, paused_from = $2, max_attempts = $3, attempt_budget = $4, run_at = $5,
 			dispatch_deadline_at = $6, output = NULL, error = '', started_at = NULL, finished_at = NULL, cancel_requested = false,
 			worker_id = NULL, after_id = NULL, timeout_at = NULL WHERE id = $7`,
-			string(to), flow.PausedFrom(to), maxAttempts, budget, t.now, deadline, id)
+			string(to), w.PausedFrom(to), maxAttempts, budget, t.now, deadline, id)
 		return nil
 	})
 	if err != nil {

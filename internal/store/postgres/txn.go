@@ -94,6 +94,7 @@ func (s *Store) run(ctx context.Context, prelude func(t *txn), fn func(t *txn) e
 	defer conn.Release()
 	t := &txn{ctx: ctx, s: s, conn: conn.Conn(), b: &pgx.Batch{}}
 	t.Env = &flow.Env{}
+	t.ServedFunc = t.served
 	defer func() {
 		if err != nil && t.conn.PgConn().TxStatus() != 'I' && !t.conn.IsClosed() {
 			_, _ = t.conn.Exec(context.WithoutCancel(ctx), "rollback")

@@ -135,8 +135,21 @@ func TestPostgresUnavailable(t *testing.T) {
 	// An administrator ends the store's sessions: the next call either
 	// gets a fresh connection or reports the database unavailable.
 	require.Positive(t, terminate(t, open(t, base), app))
-	if _, err := st.ListQueues(ctx); err != nil {
+	// Each idle connection the pool held is dead: a call on one reports
+	// the database unavailable (and the pool drops it), until a call gets
+	// a fresh one.
+	for i := 0; ; i++ {
+		_, err := st.ListQueues(ctx)
+		if err == nil {
+			break
+		}
 		require.ErrorIs(t, err, sluice.ErrStoreUnavailable)
+		require.Less(t, i, 64, "the store does not recover from its sessions ended")
+	}
+	// The idle ones left are found dead as a pool health check would.
+	for _, c := range st.Pool().AcquireAllIdle(ctx) {
+		_ = c.Ping(ctx)
+		c.Release()
 	}
 
 	// The connection breaks under a transaction: a trigger waits for the

@@ -149,13 +149,14 @@ func (t *txn) hasRoom() bool {
 
 // letInSQL is the next waiting items of steps ($1, each up to $2 of
 // them), in item order, each step's read through tasks_waiting, grouped
-// by step, sub-queue and queue, with those sub-queue and queue rows.
+// by step, sub-queue, queue and kind, with those sub-queue and queue rows
+// and whether a worker serves the kind (flow/kinds.go).
 const letInSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS p(step, n)),
 	h AS MATERIALIZED (
-		SELECT p.step, x.id, x.sq, x.queue FROM p CROSS JOIN LATERAL (
-			SELECT id, sq, queue FROM tasks WHERE step_id = p.step AND state = 'waiting' ORDER BY item LIMIT p.n) x)
-	SELECT g.step, g.ids, ` + sqCols + `, ` + qCols + ` FROM (
-		SELECT step, sq, queue, array_agg(id) AS ids FROM h GROUP BY step, sq, queue) g
+		SELECT p.step, x.id, x.sq, x.queue, x.kind FROM p CROSS JOIN LATERAL (
+			SELECT id, sq, queue, kind FROM tasks WHERE step_id = p.step AND state = 'waiting' ORDER BY item LIMIT p.n) x)
+	SELECT g.step, g.ids, g.kind, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = g.kind), ` + sqCols + `, ` + qCols + ` FROM (
+		SELECT step, sq, queue, kind, array_agg(id) AS ids FROM h GROUP BY step, sq, queue, kind) g
 	JOIN subqueues s ON s.id = g.sq JOIN queues q ON q.name = g.queue`
 
 // letIn queues the read of the next waiting items of the steps with room
@@ -184,16 +185,19 @@ func (t *txn) letIn() func() error {
 	type group struct {
 		step int64
 		ids  []int64
+		kind string
 		sq   *flow.Subqueue
 		q    *flow.Queue
 	}
 	var groups []group
 	t.queueQuery("letting items in", letInSQL, []any{steps, ns}, func(rows pgx.Rows) error {
 		var g group
+		var served bool
 		sq, q := &flow.Subqueue{}, &flow.Queue{}
-		if err := rows.Scan(append(append([]any{&g.step, &g.ids}, sq.Dest()...), q.Dest()...)...); err != nil {
+		if err := rows.Scan(append(append([]any{&g.step, &g.ids, &g.kind, &served}, sq.Dest()...), q.Dest()...)...); err != nil {
 			return err
 		}
+		t.KnowServed(g.kind, served)
 		g.sq, g.q = t.UseSubqueue(sq), t.UseQueue(q)
 		groups = append(groups, g)
 		return nil
@@ -214,16 +218,22 @@ func (t *txn) letIn() func() error {
 		var paused []*string
 		var runPaused []bool
 		for _, g := range groups {
-			// Items let in while their run is paused wait paused.
-			to, rp := g.q.WaitState(), t.paused[t.steps[g.step].RunID()]
-			if rp {
-				to = sluice.StatePaused
+			// Items let in while their run is paused wait paused; those
+			// of a kind no worker serves park.
+			w, err := t.WaitIn(g.q, g.kind)
+			if err != nil {
+				return err
 			}
+			rp := t.paused[t.steps[g.step].RunID()]
+			if rp {
+				w = flow.Wait{State: sluice.StatePaused}
+			}
+			to := w.State
 			if _, err := t.MoveN(g.sq, g.q, sluice.StateWaiting, to, int64(len(g.ids))); err != nil {
 				return err
 			}
 			for _, id := range g.ids {
-				ids, states, paused, runPaused = append(ids, id), append(states, string(to)), append(paused, flow.PausedFrom(to)), append(runPaused, rp)
+				ids, states, paused, runPaused = append(ids, id), append(states, string(to)), append(paused, w.PausedFrom(to)), append(runPaused, rp)
 			}
 		}
 		t.exec("letting items in", `UPDATE tasks t SET state = v.state, paused_from = v.paused_from, run_paused = v.run_paused, windowed = true

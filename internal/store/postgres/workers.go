@@ -11,20 +11,44 @@ import (
 	"github.com/sluice-dev/sluice/internal/store"
 )
 
-// RegisterWorker records a worker and the kinds it handles. Like every
+// RegisterWorker records a worker and the kinds it handles. The tasks of
+// a kind it is the first live worker of leave their parking for their
+// wait lists (kinds.go), and the refill promotes them. Like every
 // write it holds the env lock, so its times follow commit order.
 func (s *Store) RegisterWorker(ctx context.Context, w store.Worker) error {
 	kinds := w.Kinds
 	if kinds == nil {
 		kinds = []string{}
 	}
-	return s.run(ctx, nil, func(t *txn) error {
+	_, err := s.write(ctx, func(t *txn) error {
 		now := store.FromUS(t.now)
 		t.exec("registering worker", `INSERT INTO workers (id, name, kinds, slots, free_slots, started_at, last_heartbeat_at, lease_expires_at, handover)
 			VALUES ($1, $2, $3, $4, $4, $5, $5, $6, $7)`, w.ID, w.Name, kinds, w.Slots, t.now, store.US(now.Add(w.Lease)), w.Handover)
+		// Which of its kinds had no worker, read before its own rows.
+		t.knowServed(kinds)
 		t.exec("registering worker", `INSERT INTO worker_kinds (kind, worker_id) SELECT k, $2 FROM unnest($1::text[]) AS k ON CONFLICT DO NOTHING`, kinds, w.ID)
+		if err := t.send(); err != nil {
+			return err
+		}
+		var first []string
+		for _, k := range kinds {
+			if served, err := t.Served(k); err != nil {
+				return err
+			} else if !served {
+				first = append(first, k)
+			}
+		}
+		t.ForgetServed()
+		// The tasks of the kinds it is the first worker of leave their
+		// parking (kinds.go); the refill promotes them.
+		for _, k := range first {
+			if err := t.unpark(k); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
+	return err
 }
 
 // ListWorkers returns the live workers, oldest first, with the tasks each
@@ -43,12 +67,15 @@ func (s *Store) KindHasWorker(ctx context.Context, kind string) (bool, error) {
 	return has, err
 }
 
-// Shortfall lists ready work no live worker has free slots for.
+// Shortfall lists ready work no live worker has free slots for, and
+// work parked because no worker serves its kind (flow/kinds.go).
 func (s *Store) Shortfall(ctx context.Context) ([]store.Shortfall, error) {
-	return store.ListShortfall(ctx, s.reader(), `SELECT t.queue, t.kind, count(*) FROM tasks t
+	return store.ListShortfall(ctx, s.reader(), `SELECT queue, kind, n FROM (SELECT t.queue, t.kind, count(*) AS n FROM tasks t
 		WHERE t.state = 'ready' AND NOT EXISTS (
 			SELECT 1 FROM worker_kinds k JOIN workers w ON w.id = k.worker_id WHERE k.kind = t.kind AND w.free_slots > 0)
-		GROUP BY t.queue, t.kind ORDER BY t.queue COLLATE "C", t.kind COLLATE "C"`)
+		GROUP BY t.queue, t.kind
+		UNION ALL SELECT queue, kind, count(*) FROM tasks WHERE state = 'paused' AND paused_from = 'unserved' GROUP BY queue, kind) s
+		ORDER BY queue COLLATE "C", kind COLLATE "C"`)
 }
 
 // Heartbeat extends a worker's lease; see store.Store.
@@ -64,10 +91,11 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 			return nil
 		})
 		// Reserved tasks (handover) are the worker's too (store.Held).
-		var held store.Held
-		err := t.query("heartbeat", `SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'running' AND worker_id = $1
-			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks WHERE state = 'reserved' AND worker_id = $1
-			UNION ALL SELECT id, cancel_requested, claim_seq FROM tasks t WHERE worker_id = $1 AND `+heldWaitCond, []any{workerID},
+		// Only a running task's timeout runs (the sweeper's rule).
+		held := store.Held{Now: t.now}
+		err := t.query("heartbeat", `SELECT id, cancel_requested, claim_seq, timeout_at FROM tasks WHERE state = 'running' AND worker_id = $1
+			UNION ALL SELECT id, cancel_requested, claim_seq, NULL::bigint FROM tasks WHERE state = 'reserved' AND worker_id = $1
+			UNION ALL SELECT id, cancel_requested, claim_seq, NULL::bigint FROM tasks t WHERE worker_id = $1 AND `+heldWaitCond, []any{workerID},
 			func(rows pgx.Rows) error { return held.Scan(rows) })
 		if err != nil {
 			return err

@@ -17,6 +17,7 @@ import (
 type runningTask struct {
 	id, sq               int64
 	queue, workerID      string
+	kind                 string
 	attempt, maxAttempts int
 	startedAt            int64
 	cancelRequested      bool
@@ -32,11 +33,11 @@ type runningTask struct {
 	hold flow.Hold
 }
 
-const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at, run_id`
+const runningCols = `id, sq, queue, worker_id, attempt, max_attempts, started_at, cancel_requested, created_at, run_id, kind`
 
 func scanRunning(row interface{ Scan(...any) error }) (*runningTask, error) {
 	r := &runningTask{}
-	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt, &r.runID)
+	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt, &r.runID, &r.kind)
 	return r, err
 }
 
@@ -57,16 +58,23 @@ func (t *txn) endAttempt(r *runningTask, o store.AttemptOutcome) error {
 			return err
 		}
 	}
-	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, q.WaitState())
+	w, err := t.WaitIn(q, r.kind)
+	if err != nil {
+		return err
+	}
+	state, rec, runAt := o.End(r.attempt, r.maxAttempts, r.cancelRequested, t.now, w.State)
 	// A retry of a paused run's task waits paused, remembering whether it
 	// backs off (scheduled, its run_at kept) or waits for a slot.
-	pausedFrom, runPaused := flow.PausedFrom(state), false
+	pausedFrom, runPaused := w.PausedFrom(state), false
 	if !state.Terminal() && r.runID != nil {
 		if runPaused, err = t.runPaused(*r.runID); err != nil {
 			return err
 		}
-		if runPaused && state != sluice.StatePaused {
+		if runPaused && (state != sluice.StatePaused || w.Parked) {
 			from := string(state)
+			if w.Parked {
+				from = string(sluice.StateQueued)
+			}
 			state, pausedFrom = sluice.StatePaused, &from
 		}
 	}

@@ -278,7 +278,7 @@ const heldWaitSQL = `SELECT ` + heldCols + ` FROM tasks WHERE id = ? AND worker_
 func scanHeld(row interface{ Scan(...any) error }) (*runningTask, error) {
 	r := &runningTask{}
 	err := row.Scan(&r.id, &r.sq, &r.queue, &r.workerID, &r.attempt, &r.maxAttempts, &r.startedAt, &r.cancelRequested, &r.createdAt, &r.runID,
-		&r.from, &r.hold)
+		&r.kind, &r.from, &r.hold)
 	return r, err
 }
 

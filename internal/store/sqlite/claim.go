@@ -139,7 +139,7 @@ func (s *Store) claimReady(ctx context.Context, tx *wtx, workerID string, limit 
 	var maxRank int64
 	for start := 0; start < len(cands); start += claimChunk {
 		chunk := cands[start:min(start+claimChunk, len(cands))]
-		args := []any{workerID, store.US(now), store.US(now) + store.TimeoutGrace.Microseconds(), seq}
+		args := []any{workerID, store.US(now), store.US(now), seq}
 		for _, c := range chunk {
 			args = append(args, c.id)
 			maxRank = max(maxRank, c.rank)

@@ -52,3 +52,9 @@ func DiskFull(t testing.TB) error {
 	}
 	return full
 }
+
+// Exec runs statements on the store's write connection (tests).
+func (s *Store) Exec(ctx context.Context, q string) error {
+	_, err := s.w.ExecContext(ctx, q)
+	return err
+}

@@ -78,7 +78,7 @@ func (t *txn) handOver(workerID string, prev, next int64) (*sluice.ClaimedTask, 
 	err := t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'running', attempt = attempt + 1, started_at = ?,
 		timeout_at = CASE WHEN timeout_us > 0 THEN ? + timeout_us END, after_id = NULL
 		WHERE id = ? AND state = 'reserved' AND worker_id = ? AND after_id = ? RETURNING sq, queue, ckey`,
-		t.now, t.now+store.TimeoutGrace.Microseconds(), next, workerID, prev).Scan(&sqID, &c.Queue, &c.ConcurrencyKey)
+		t.now, t.now, next, workerID, prev).Scan(&sqID, &c.Queue, &c.ConcurrencyKey)
 	if err == sql.ErrNoRows {
 		return nil, nil
 	}

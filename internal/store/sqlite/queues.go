@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // Queues, pause and the environment limit. The Store methods here mirror
@@ -103,13 +104,13 @@ const queueCols = `name, concurrency_limit, max_backlog, paused, handover, activ
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
 	return store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = ?`,
-		`SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state`, name)
+		store.StateCountsSQL(`?`), name)
 }
 
 // ListQueues returns every queue with counts, by name.
 func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
 	return store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name`,
-		`SELECT queue, state, count(*) FROM tasks GROUP BY queue, state`)
+		store.AllStateCountsSQL)
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).
@@ -179,6 +180,11 @@ func (t *txn) pauseTasks(name string) error {
 	if _, err = t.exec(`UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = ? AND state IN ('ready', 'queued')`, name); err != nil {
 		return err
 	}
+	// Parked tasks (flow/kinds.go) are paused by their queue now; its
+	// resume parks them again if no worker serves them yet.
+	if _, err = t.exec(`UPDATE tasks SET paused_from = 'queued' WHERE queue = ? AND state = 'paused' AND paused_from = ?`, name, flow.Unserved); err != nil {
+		return err
+	}
 	// A child paused from ready gave back the slot its parent lent it:
 	// the parent holds it for the child again (children.go).
 	return t.touchLending(name)
@@ -193,6 +199,10 @@ func (t *txn) resumeTasks(name string) error {
 	}
 	// A task of a paused run stays paused: its run's resume returns it.
 	if _, err := t.exec(`UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = ? AND state = 'paused' AND run_paused = 0`, name); err != nil {
+		return err
+	}
+	// Those of kinds no worker serves park (flow/kinds.go).
+	if err := t.parkQueue(name); err != nil {
 		return err
 	}
 	_, err := t.exec(`UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = ?`, name)

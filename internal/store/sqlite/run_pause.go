@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // Pausing and resuming runs and workflows. A paused run starts nothing:
@@ -73,8 +74,10 @@ func (t *txn) pauseRun(id int64) error {
 	}
 	for _, x := range tasks {
 		if x.state == sluice.StatePaused {
-			// Paused by its queue already: now by its run too.
-			if _, err := t.exec(`UPDATE tasks SET run_paused = 1 WHERE id = ?`, x.id); err != nil {
+			// Paused by its queue already, or parked (flow/kinds.go): now
+			// by its run too, and back on the wait list when both let it.
+			if _, err := t.exec(`UPDATE tasks SET run_paused = 1, paused_from = CASE WHEN paused_from = ? THEN 'queued' ELSE paused_from END
+				WHERE id = ?`, flow.Unserved, x.id); err != nil {
 				return err
 			}
 			continue
@@ -183,10 +186,21 @@ func (t *txn) resumeRun(id int64) error {
 		if err != nil {
 			return err
 		}
-		if err := t.Move(sq, q, sluice.StatePaused, x.state); err != nil {
-			return err
+		to, from := x.state, (*string)(nil)
+		if to == sluice.StateQueued {
+			// Parked if no worker serves its kind (flow/kinds.go).
+			w, err := t.WaitIn(q, x.kind)
+			if err != nil {
+				return err
+			}
+			to, from = w.State, w.PausedFrom(w.State)
 		}
-		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = NULL, run_paused = 0 WHERE id = ?`, x.state, x.id); err != nil {
+		if to != sluice.StatePaused { // parked, it stays paused: no move
+			if err := t.Move(sq, q, sluice.StatePaused, to); err != nil {
+				return err
+			}
+		}
+		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = 0 WHERE id = ?`, to, from, x.id); err != nil {
 			return err
 		}
 	}

@@ -419,15 +419,15 @@ func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, stor
 // runTask is a task of a run as the run's pause, resume and end read it:
 // its state (or, as the caller's column says, the state it left).
 type runTask struct {
-	id, sq int64
-	state  sluice.TaskState
-	queue  string
+	id, sq      int64
+	state       sluice.TaskState
+	queue, kind string
 }
 
 // runTasks reads the tasks of run runID that match cond, with column
 // stateCol as their state.
 func (t *txn) runTasks(stateCol, cond string, runID int64) ([]runTask, error) {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, `+stateCol+`, queue FROM tasks INDEXED BY tasks_run WHERE run_id = ? AND `+cond, runID)
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, `+stateCol+`, queue, kind FROM tasks INDEXED BY tasks_run WHERE run_id = ? AND `+cond, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +435,7 @@ func (t *txn) runTasks(stateCol, cond string, runID int64) ([]runTask, error) {
 	var out []runTask
 	for rows.Next() {
 		var x runTask
-		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue); err != nil {
+		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue, &x.kind); err != nil {
 			return nil, err
 		}
 		out = append(out, x)

@@ -178,6 +178,12 @@ func (s *Store) Health() *store.Health { return &s.health }
 // Migrations lists the embedded migration names in order.
 func Migrations() []string { return store.MigrationNames(migrations) }
 
+// migrationSteps are the Go steps of migrations, run after their SQL in
+// their transaction, as a write transaction (counters, refill).
+var migrationSteps = map[string]func(t *txn) error{
+	"0014_unserved": (*txn).parkStrays,
+}
+
 // Migrate applies pending migrations, each in its own transaction.
 func (s *Store) Migrate(ctx context.Context) ([]string, error) {
 	return s.MigrateTo(ctx, "")
@@ -203,6 +209,11 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 			err = s.tx(ctx, func(tx *wtx) error {
 				if _, err := tx.Tx.ExecContext(ctx, string(body)); err != nil {
 					return err
+				}
+				if step := migrationSteps[name]; step != nil {
+					if _, err := s.writeIn(ctx, tx, step); err != nil {
+						return err
+					}
 				}
 				_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)`, name, time.Now().UnixMicro())
 				return err

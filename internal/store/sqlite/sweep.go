@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
-	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // The background passes: due tasks (PromoteDue), expired leases and
@@ -37,18 +36,18 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		if err := t.rateDue(); err != nil {
 			return err
 		}
-		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue FROM tasks INDEXED BY tasks_due WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue, kind FROM tasks INDEXED BY tasks_due WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("promoting due tasks: %w", err)
 		}
 		type due struct {
-			id, sq int64
-			queue  string
+			id, sq      int64
+			queue, kind string
 		}
 		var list []due
 		for rows.Next() {
 			var d due
-			if err := rows.Scan(&d.id, &d.sq, &d.queue); err != nil {
+			if err := rows.Scan(&d.id, &d.sq, &d.queue, &d.kind); err != nil {
 				rows.Close()
 				return err
 			}
@@ -67,11 +66,14 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 			if err != nil {
 				return err
 			}
-			state := q.WaitState()
-			if err := t.Move(sq, q, sluice.StateScheduled, state); err != nil {
+			w, err := t.WaitIn(q, d.kind)
+			if err != nil {
 				return err
 			}
-			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE id = ?`, state, flow.PausedFrom(state), d.id); err != nil {
+			if err := t.Move(sq, q, sluice.StateScheduled, w.State); err != nil {
+				return err
+			}
+			if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE id = ?`, w.State, w.PausedFrom(w.State), d.id); err != nil {
 				return err
 			}
 		}
@@ -143,7 +145,7 @@ func (s *Store) SweepExpired(ctx context.Context, limit int, backoff store.Backo
 		for rows.Next() {
 			rt := &runningTask{}
 			var tus int64
-			if err := rows.Scan(&rt.id, &rt.sq, &rt.queue, &rt.workerID, &rt.attempt, &rt.maxAttempts, &rt.startedAt, &rt.cancelRequested, &rt.createdAt, &rt.runID, &tus); err != nil {
+			if err := rows.Scan(&rt.id, &rt.sq, &rt.queue, &rt.workerID, &rt.attempt, &rt.maxAttempts, &rt.startedAt, &rt.cancelRequested, &rt.createdAt, &rt.runID, &rt.kind, &tus); err != nil {
 				rows.Close()
 				return err
 			}
@@ -170,22 +172,22 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 	var n int
 	o, err := s.write(ctx, func(t *txn) error {
 		n = 0
-		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt FROM tasks INDEXED BY tasks_deadline
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, state, sq, queue, dispatch_deadline_at - created_at, attempt, `+store.ShownState+` FROM tasks INDEXED BY tasks_deadline
 			WHERE dispatch_deadline_at IS NOT NULL AND state IN ('waiting', 'scheduled', 'queued', 'ready', 'paused') AND dispatch_deadline_at <= ?
 			ORDER BY dispatch_deadline_at LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("expiring deadlines: %w", err)
 		}
 		type exp struct {
-			id, sq, dl int64
-			state      sluice.TaskState
-			queue      string
-			attempt    int
+			id, sq, dl   int64
+			state, shown sluice.TaskState
+			queue        string
+			attempt      int
 		}
 		var list []exp
 		for rows.Next() {
 			var e exp
-			if err := rows.Scan(&e.id, &e.state, &e.sq, &e.queue, &e.dl, &e.attempt); err != nil {
+			if err := rows.Scan(&e.id, &e.state, &e.sq, &e.queue, &e.dl, &e.attempt, &e.shown); err != nil {
 				rows.Close()
 				return err
 			}
@@ -196,7 +198,7 @@ func (s *Store) ExpireDeadlines(ctx context.Context, limit int) (int, store.Outc
 			return err
 		}
 		for _, e := range list {
-			why := store.DeadlineReason(time.Duration(e.dl)*time.Microsecond, e.attempt, e.state, e.queue)
+			why := store.DeadlineReason(time.Duration(e.dl)*time.Microsecond, e.attempt, e.shown, e.queue)
 			if err := t.cancelWaiting(e.id, e.state, e.sq, e.queue, why); err != nil {
 				return err
 			}
@@ -297,14 +299,31 @@ func (s *Store) DeleteFinishedRuns(ctx context.Context, before time.Time, limit 
 // so nothing is counted twice.
 func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) string) (int, error) {
 	ended := 0
+	var kinds []string
 	for _, workerID := range workerIDs {
-		if _, err := t.exec(`DELETE FROM worker_kinds WHERE worker_id = ?`, workerID); err != nil {
+		// Its kinds first: a task it held that goes back in line parks
+		// if it was their last worker (flow/kinds.go).
+		rows, err := t.tx.QueryContext(t.ctx, `DELETE FROM worker_kinds WHERE worker_id = ? RETURNING kind`, workerID)
+		if err != nil {
 			return ended, err
 		}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return ended, err
+			}
+			kinds = append(kinds, k)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return ended, err
+		}
+		t.ForgetServed()
 		if err := t.unreserve(`worker_id = ?`, workerID); err != nil {
 			return ended, err
 		}
-		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+		rows, err = t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
 		if err != nil {
 			return ended, err
 		}
@@ -330,6 +349,16 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 				return ended, err
 			}
 			ended++
+		}
+	}
+	// The waiting tasks of the kinds that lost their last worker park.
+	for _, k := range kinds {
+		served, err := t.Served(k)
+		if err == nil && !served {
+			err = t.park(k)
+		}
+		if err != nil {
+			return ended, err
 		}
 	}
 	return ended, nil

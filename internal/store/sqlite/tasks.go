@@ -90,9 +90,10 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 	}
 	runAt := nt.RunAtUS(t.now)
 	var (
-		state  sluice.TaskState
-		rank   int64
-		victim int64
+		state      sluice.TaskState
+		pausedFrom *string
+		rank       int64
+		victim     int64
 	)
 	if nt.Run == nil {
 		// The queue's strategy (strategy.go); a workflow's steps are
@@ -108,8 +109,9 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 		// A task of a paused run waits paused, as if it had entered the
 		// wait list.
 		state, err = sluice.StatePaused, t.Move(sq, q, flow.New, sluice.StatePaused)
+		pausedFrom = flow.PausedFrom(state)
 	default:
-		state, rank, err = t.Enter(sq, q, runAt > t.now)
+		state, pausedFrom, rank, err = t.Enter(sq, q, runAt > t.now, nt.Kind)
 	}
 	if err != nil {
 		return nil, err
@@ -123,7 +125,7 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO tasks (kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
 		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed, run_paused)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		nt.Kind, nt.Queue, nt.ConcurrencyKey, sq.ID(), nt.Priority, state, flow.PausedFrom(state), nt.MaxAttempts, store.JSONOrNull(nt.Input),
+		nt.Kind, nt.Queue, nt.ConcurrencyKey, sq.ID(), nt.Priority, state, pausedFrom, nt.MaxAttempts, store.JSONOrNull(nt.Input),
 		nt.Timeout.Microseconds(), runAt, nt.DeadlineUS(t.now), idem, t.now, rank, run, step, item, windowed,
 		nt.Run != nil && nt.Run.Paused).Scan(&id)
 	if err != nil {
@@ -134,7 +136,7 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 			return nil, err
 		}
 	}
-	return nt.Inserted(id, state, runAt, t.now), nil
+	return nt.Inserted(id, flow.Shown(state, pausedFrom), runAt, t.now), nil
 }
 
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
@@ -240,9 +242,9 @@ func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*slu
 	o, err := s.write(ctx, func(t *txn) error {
 		r := store.Retry{ID: id}
 		var sqID int64
-		var queue string
-		err := t.tx.QueryRowContext(ctx, `SELECT sq, queue, state, run_id, attempt, max_attempts, attempt_budget, created_at, dispatch_deadline_at
-			FROM tasks WHERE id = ?`, id).Scan(append([]any{&sqID, &queue}, r.Dest()...)...)
+		var queue, kind string
+		err := t.tx.QueryRowContext(ctx, `SELECT sq, queue, kind, state, run_id, attempt, max_attempts, attempt_budget, created_at, dispatch_deadline_at
+			FROM tasks WHERE id = ?`, id).Scan(append([]any{&sqID, &queue, &kind}, r.Dest()...)...)
 		if err == sql.ErrNoRows {
 			return sluice.NotFound("task %d not found", id)
 		}
@@ -267,9 +269,14 @@ func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*slu
 		if err != nil {
 			return err
 		}
-		// On the wait list (paused if its queue is); the refill at the
-		// end of the transaction gives it a slot if one is free.
-		to := q.WaitState()
+		// On the wait list (paused if its queue is, parked if no worker
+		// serves its kind); the refill at the end of the transaction
+		// gives it a slot if one is free.
+		w, err := t.WaitIn(q, kind)
+		if err != nil {
+			return err
+		}
+		to := w.State
 		if err := t.Move(sq, q, r.State(), to); err != nil {
 			return err
 		}
@@ -277,7 +284,7 @@ func (s *Store) RetryTask(ctx context.Context, lim store.Limits, id int64) (*slu
 		_, err = t.exec(`UPDATE tasks SET state = ?, paused_from = ?, max_attempts = ?, attempt_budget = ?, run_at = ?, dispatch_deadline_at = ?,
 			output = NULL, error = '', started_at = NULL, finished_at = NULL, cancel_requested = 0, worker_id = NULL, after_id = NULL,
 			timeout_at = NULL WHERE id = ?`,
-			to, flow.PausedFrom(to), maxAttempts, budget, t.now, deadline, id)
+			to, w.PausedFrom(to), maxAttempts, budget, t.now, deadline, id)
 		return err
 	})
 	if err != nil {

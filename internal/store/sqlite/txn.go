@@ -55,6 +55,7 @@ func (s *Store) write(ctx context.Context, fn func(t *txn) error) (store.Outcome
 func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (store.Outcome, error) {
 	var o store.Outcome
 	t := &txn{ctx: ctx, tx: tx, now: store.US(s.now()), depth: s.depth.Get()}
+	t.ServedFunc = t.served
 	// Every write transaction ends with the refill, which needs the env
 	// row: read it first.
 	t.Env = &flow.Env{}

@@ -103,19 +103,19 @@ func (t *txn) letIn(st *flow.Step) error {
 	if n == 0 {
 		return nil
 	}
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, queue FROM tasks INDEXED BY tasks_waiting
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, queue, kind FROM tasks INDEXED BY tasks_waiting
 		WHERE step_id = ? AND state = 'waiting' ORDER BY item LIMIT ?`, st.ID(), n)
 	if err != nil {
 		return fmt.Errorf("window of step %d: %w", st.ID(), err)
 	}
 	type item struct {
-		id, sq int64
-		queue  string
+		id, sq      int64
+		queue, kind string
 	}
 	var items []item
 	for rows.Next() {
 		var it item
-		if err := rows.Scan(&it.id, &it.sq, &it.queue); err != nil {
+		if err := rows.Scan(&it.id, &it.sq, &it.queue, &it.kind); err != nil {
 			rows.Close()
 			return err
 		}
@@ -143,15 +143,19 @@ func (t *txn) letIn(st *flow.Step) error {
 		if err != nil {
 			return err
 		}
-		to := q.WaitState()
-		if runPaused {
-			to = sluice.StatePaused
+		w, err := t.WaitIn(q, it.kind)
+		if err != nil {
+			return err
 		}
+		if runPaused {
+			w = flow.Wait{State: sluice.StatePaused}
+		}
+		to := w.State
 		if err := t.Move(sq, q, sluice.StateWaiting, to); err != nil {
 			return err
 		}
 		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, windowed = 1 WHERE id = ?`,
-			to, flow.PausedFrom(to), runPaused, it.id); err != nil {
+			to, w.PausedFrom(to), runPaused, it.id); err != nil {
 			return fmt.Errorf("window of step %d: %w", st.ID(), err)
 		}
 	}

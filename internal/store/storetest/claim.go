@@ -85,7 +85,7 @@ func testWorkerSlots(t *testing.T, ns NewStore) {
 }
 
 func testKinds(t *testing.T, ns NewStore) {
-	h := setup(t, ns)
+	h := setupBare(t, ns)
 	h.enqueue(store.NewTask{Kind: "a", Priority: 1}, store.NewTask{Kind: "b", Priority: 2}, store.NewTask{Kind: "c", Priority: 3})
 	h.worker("w", 10, "a", "b")
 	c := h.claim("w", 10)

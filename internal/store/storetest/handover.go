@@ -88,12 +88,12 @@ func asRunning(c sluice.ClaimedTask) sluice.ClaimedTask {
 }
 
 func testHandoverPassesSlot(t *testing.T, ns NewStore) {
-	h := setup(t, ns)
+	h := setupBare(t, ns)
 	h.st.SetHandoverDepth(1)
 	h.handoverQueue("q", 2)
+	h.handoverWorker("w", 10, "k")
 	tasks := h.enqueue(store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"},
 		store.NewTask{Kind: "k", Queue: "q", Priority: 1}, store.NewTask{Kind: "k", Queue: "q"}, store.NewTask{Kind: "k", Queue: "q"})
-	h.handoverWorker("w", 10, "k")
 	got, err := h.st.Claim(h.ctx, "w", 10, 30*time.Second, 7)
 	require.NoError(t, err)
 	run, next := SplitReserved(got)
@@ -383,7 +383,7 @@ func testHandoverHeartbeat(t *testing.T, ns NewStore) {
 	require.Len(t, run, 1)
 	require.Len(t, next, 1)
 	p, s = run[0], next[run[0].ID]
-	h.tick(5*time.Second + store.TimeoutGrace + time.Millisecond)
+	h.tick(5*time.Second + time.Millisecond)
 	_, _, err = h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	require.NotEqual(t, sluice.StateRunning, h.state(p.ID))

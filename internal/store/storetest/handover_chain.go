@@ -319,7 +319,7 @@ func testHandoverChainOneBatchStale(t *testing.T, ns NewStore) {
 	h.handoverWorker("w", 10, "k")
 	p, chain := h.claimChain()
 	require.Len(t, chain, 2)
-	h.tick(5*time.Second + store.TimeoutGrace + time.Millisecond)
+	h.tick(5*time.Second + time.Millisecond)
 	_, _, err := h.st.SweepExpired(h.ctx, 100, noBackoff)
 	require.NoError(t, err)
 	h.notReserved(tasks[1].ID, tasks[2].ID)

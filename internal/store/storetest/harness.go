@@ -37,13 +37,34 @@ type testBundle struct {
 }
 
 // setup marks t parallel and returns a bundle on a fresh store from ns,
-// its clock at t0.
+// its clock at t0, with a standby worker (standbyKinds): the tests of
+// other areas than parking (parking.go) run as if a worker of each kind
+// they use were connected.
 func setup(t *testing.T, ns NewStore) *testBundle {
+	x := setupBare(t, ns)
+	require.NoError(t, x.st.RegisterWorker(x.ctx, store.Worker{ID: standby, Name: standby, Kinds: standbyKinds, Lease: standbyLease}))
+	return x
+}
+
+// setupBare is setup with no worker at all: a task of a kind no worker
+// serves waits parked (flow/kinds.go).
+func setupBare(t *testing.T, ns NewStore) *testBundle {
 	t.Parallel()
 	x := &testBundle{t: t, st: ns(t), ctx: context.Background(), now: t0}
 	x.st.SetClock(func() time.Time { return x.now })
 	return x
 }
+
+// The standby worker serves every kind the suite's tests use, has no
+// slot (it claims nothing, and is no free capacity for Shortfall) and a
+// lease no test outlives.
+const (
+	standby      = "standby"
+	standbyLease = 100 * 365 * 24 * time.Hour
+)
+
+var standbyKinds = []string{"k", "k2", "a", "b", "c", "e", "j", "p", "q", "z", "x", "ko", "one", "other", "free", "limited", "echo", "resize",
+	"mail", "send", "plain", "parent", "child", "each"}
 
 func (h *testBundle) tick(d time.Duration) { h.now = h.now.Add(d) }
 

@@ -34,6 +34,7 @@ var areas = []tests{
 	claimTests,
 	completeTests,
 	leaseTests,
+	timeoutOnTimeTests,
 	workerTests,
 	queueTests,
 	pauseTests,
@@ -54,6 +55,7 @@ var areas = []tests{
 	childModelTests,
 	childLendTests,
 	doctorTests,
+	parkingTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would

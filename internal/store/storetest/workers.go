@@ -36,14 +36,14 @@ func testRelease(t *testing.T, ns NewStore) {
 }
 
 func testDeregister(t *testing.T, ns NewStore) {
-	h := setup(t, ns)
+	h := setupBare(t, ns)
 	task := h.enqueue(store.NewTask{Kind: "k"})[0]
 	h.worker("w", 10, "k")
 	h.claim("w", 10)
 	_, err := h.st.DeregisterWorker(h.ctx, "w", noBackoff)
 	require.NoError(t, err)
 	got := h.get(task.ID)
-	require.Equal(t, sluice.StateReady, got.State)
+	require.Equal(t, sluice.StateQueued, got.State, "parked: its kind's last worker is gone")
 	require.Equal(t, 1, got.Attempt)
 	has, err := h.st.KindHasWorker(h.ctx, "k")
 	require.NoError(t, err)
@@ -96,7 +96,7 @@ func testReleaseCancelRequested(t *testing.T, ns NewStore) {
 // A worker's free slots never show more than its slots less the tasks it
 // runs, whatever its last heartbeat (sent before its latest claim) said.
 func testWorkerFreeSlotsHonest(t *testing.T, ns NewStore) {
-	h := setup(t, ns)
+	h := setupBare(t, ns)
 	h.enqueue(store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"}, store.NewTask{Kind: "k"})
 	h.worker("w", 10, "k")
 	require.Len(t, h.claim("w", 10), 3)

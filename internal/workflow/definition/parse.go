@@ -14,9 +14,12 @@ import (
 // Parse decodes and validates a definition: its shape, names, needs, cron
 // schedules, and every expression, compiled and type-checked. It returns
 // the compiled Workflow, or an *Errors naming the path and line of every
-// problem (up to MaxErrors).
+// problem (up to MaxErrors). A JSON document on one line, as programs
+// write them (the Go builder, sluice.ApplyDefinition, sends
+// json.Marshal's), has no lines worth citing: its problems name the path
+// only.
 func Parse(data []byte, f Format) (*Workflow, error) {
-	return parse(data, f, true)
+	return parse(data, f, f != JSON || bytes.ContainsAny(bytes.TrimSpace(data), "\n\r"))
 }
 
 // FromJSON compiles a definition already stored in canonical form

@@ -765,7 +765,13 @@ var parseCases = []parseCase{
 		"steps[0].input[1]: integer 18446744073709551616 is too large to keep exactly (at most ±2^53): write it as a string (line 2)",
 	}},
 	{name: "json top-level array", json: true, src: `[]`,
-		want: []string{"must be a mapping (name, steps, …), not a list (line 1)"}},
+		want: []string{"must be a mapping (name, steps, …), not a list"}},
+	// JSON on one line, as programs write it (the Go builder sends
+	// json.Marshal's): no line to cite, the path only.
+	{name: "json on one line", json: true, src: `{"name":"x","steps":[{"name":"a","kind":"echo","concurrency":0,"with_items":[1]}],"bogus":1}` + "\n",
+		want: []string{"bogus: unknown field", "steps[0].concurrency: must be ≥ 1"}},
+	{name: "yaml on one line keeps its line", src: `{name: x, steps: [{name: a, kind: echo}], bogus: 1}`,
+		want: []string{"bogus: unknown field (line 1)"}},
 
 	// Several problems, in line order.
 	{name: "all problems in line order", src: y(

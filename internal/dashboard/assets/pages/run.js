@@ -209,7 +209,7 @@ export default {
               h('span', { 'data-testid': 'run-state' }, badge(run.state))),
             h('div', { class: 'actions' }, acts));
         });
-        whyR(run.explain || '', (x) => (x ? h('p', { class: 'explain', 'data-testid': 'explain' }, h('strong', {}, 'Why: '), x) : null));
+        whyR(run.explain || '', (x) => (x ? h('p', { class: 'explain', 'data-testid': 'explain' }, h('strong', {}, terminal(run.state) ? 'Outcome: ' : 'Why: '), x) : null));
         stepsR({ s: run.steps, d: defKey, def: !!def }, () => graph(run, def));
         infoR({ run: { ...run, steps: null } }, () => [
           dl([
