@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/inspect"
 	"github.com/sluice-dev/sluice/internal/ledger"
+	"github.com/sluice-dev/sluice/internal/testutil"
 	"github.com/sluice-dev/sluice/server"
 )
 
@@ -56,8 +57,9 @@ import (
 // store's counters match its tasks, at the end and every 2s meanwhile.
 //
 // The workload is sized for about half a minute with -race on 2 cores
-// (SQLite; PostgreSQL is faster): about 95 runs of 2,500 tasks, of which
-// about 1,500 run (two runs of 500 items are cancelled early).
+// (SQLite; PostgreSQL is faster) in the long suite (SLUICE_TEST_LONG):
+// about 95 runs of 2,500 tasks, of which about 1,500 run (two runs of 500
+// items are cancelled early); by default the big fan-outs have 200 items.
 // SLUICE_WF_LEDGER_SCALE multiplies it; SLUICE_LEDGER_SEED repeats one.
 
 // Queues of the workflow workload.
@@ -600,10 +602,12 @@ func TestWorkflowLedger(t *testing.T) {
 	}
 	// 500 items: one run of each such workflow runs to its end, one is
 	// cancelled mid-way.
+	// (200 items by default; 500 in the long suite, SLUICE_TEST_LONG).
+	big := testutil.Size(200, 500)
 	add500 := func(workflow string) {
 		for _, cancel := range []bool{false, true} {
 			for range scale {
-				runs = append(runs, &wfRun{workflow: workflow, items: 500, tenant: fmt.Sprintf("t%d", rng.IntN(3)), cancel: cancel})
+				runs = append(runs, &wfRun{workflow: workflow, items: big, tenant: fmt.Sprintf("t%d", rng.IntN(3)), cancel: cancel})
 			}
 		}
 	}
@@ -761,7 +765,7 @@ func TestWorkflowLedger(t *testing.T) {
 		// have not ended; a 500-item run a little later, when its items
 		// run, wait in the window or are reserved behind running ones.
 		delays[i] = time.Duration(rng.IntN(400)) * time.Millisecond
-		if runs[i].items == 500 {
+		if runs[i].items == big {
 			delays[i] = time.Duration(200+rng.IntN(600)) * time.Millisecond
 		}
 		pauses[i] = time.Duration(rng.IntN(10)) * time.Millisecond

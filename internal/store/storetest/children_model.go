@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // A model-based test of the slots waiting parents lend: random
@@ -46,6 +47,9 @@ func testChildWaitModel(t *testing.T, ns NewStore) {
 		// The race detector makes SQLite's statements (the checks after
 		// each operation) many times slower.
 		seeds, steps = 2, 200
+	}
+	if !testutil.Long() {
+		steps /= 2 // the full length in the long suite (SLUICE_TEST_LONG)
 	}
 	for seed := uint64(1); seed <= seeds; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { childModelRun(t, ns, seed, steps) })
