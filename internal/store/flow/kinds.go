@@ -102,3 +102,19 @@ func Shown(state sluice.TaskState, pausedFrom *string) sluice.TaskState {
 	}
 	return state
 }
+
+// Unserved returns those of kinds that no live worker serves (Served),
+// in their order: the kinds whose waiting tasks park.
+func (c *Counters) Unserved(kinds []string) ([]string, error) {
+	var out []string
+	for _, k := range kinds {
+		served, err := c.Served(k)
+		if err != nil {
+			return nil, err
+		}
+		if !served {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}

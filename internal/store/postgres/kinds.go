@@ -132,20 +132,23 @@ func (t *txn) parkStrays() error {
 	if err != nil {
 		return err
 	}
+	return t.parkKinds(kinds)
+}
+
+// parkKinds parks the waiting tasks of those of kinds no worker serves,
+// their workers read in one round trip.
+func (t *txn) parkKinds(kinds []string) error {
 	t.knowServed(kinds)
 	if err := t.send(); err != nil {
 		return err
 	}
-	for _, k := range kinds {
-		served, err := t.Served(k)
-		if err == nil && !served {
-			err = t.park(k)
-		}
-		if err != nil {
-			return err
+	unserved, err := t.Unserved(kinds)
+	for _, k := range unserved {
+		if err = t.park(k); err != nil {
+			break
 		}
 	}
-	return nil
+	return err
 }
 
 // parkQueue parks the queued tasks of queue name whose kind no worker

@@ -242,19 +242,5 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 	}
 	// The waiting tasks of the kinds that lost their last worker park.
 	slices.Sort(kinds)
-	kinds = slices.Compact(kinds)
-	t.knowServed(kinds)
-	if err := t.send(); err != nil {
-		return len(held), err
-	}
-	for _, k := range kinds {
-		served, err := t.Served(k)
-		if err == nil && !served {
-			err = t.park(k)
-		}
-		if err != nil {
-			return len(held), err
-		}
-	}
-	return len(held), nil
+	return len(held), t.parkKinds(slices.Compact(kinds))
 }

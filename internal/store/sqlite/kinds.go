@@ -113,55 +113,31 @@ func (t *txn) unpark(kind string) error {
 // lists: run once, by the migration that brought parking, for the tasks
 // that entered before it.
 func (t *txn) parkStrays() error {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT DISTINCT kind FROM tasks WHERE state IN ('queued', 'ready')`)
+	kinds, err := t.strings(`SELECT DISTINCT kind FROM tasks WHERE state IN ('queued', 'ready')`)
 	if err != nil {
 		return fmt.Errorf("parking tasks of unserved kinds: %w", err)
 	}
-	var kinds []string
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			rows.Close()
-			return err
-		}
-		kinds = append(kinds, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, k := range kinds {
-		served, err := t.Served(k)
-		if err == nil && !served {
-			err = t.park(k)
-		}
-		if err != nil {
-			return err
+	return t.parkKinds(kinds)
+}
+
+// parkKinds parks the waiting tasks of those of kinds no worker serves.
+func (t *txn) parkKinds(kinds []string) error {
+	unserved, err := t.Unserved(kinds)
+	for _, k := range unserved {
+		if err = t.park(k); err != nil {
+			break
 		}
 	}
-	return nil
+	return err
 }
 
 // parkQueue parks the queued tasks of queue name whose kind no worker
 // serves, as its resume sends its paused tasks back to the wait lists (it
 // counts the wait lists after).
 func (t *txn) parkQueue(name string) error {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT DISTINCT kind FROM tasks WHERE queue = ? AND state = 'queued'`, name)
+	kinds, err := t.strings(`SELECT DISTINCT kind FROM tasks WHERE queue = ? AND state = 'queued'`, name)
 	if err != nil {
 		return fmt.Errorf("resuming queue %q: %w", name, err)
-	}
-	var kinds []string
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			rows.Close()
-			return err
-		}
-		kinds = append(kinds, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	for _, k := range kinds {
 		w, err := t.WaitIn(&flow.Queue{}, k) // in a queue not paused: its own, resumed
@@ -177,4 +153,22 @@ func (t *txn) parkQueue(name string) error {
 		}
 	}
 	return nil
+}
+
+// strings reads a query of one text column.
+func (t *txn) strings(q string, args ...any) ([]string, error) {
+	rows, err := t.tx.QueryContext(t.ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }

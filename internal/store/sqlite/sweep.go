@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -303,27 +304,16 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 	for _, workerID := range workerIDs {
 		// Its kinds first: a task it held that goes back in line parks
 		// if it was their last worker (flow/kinds.go).
-		rows, err := t.tx.QueryContext(t.ctx, `DELETE FROM worker_kinds WHERE worker_id = ? RETURNING kind`, workerID)
+		gone, err := t.strings(`DELETE FROM worker_kinds WHERE worker_id = ? RETURNING kind`, workerID)
 		if err != nil {
 			return ended, err
 		}
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
-				rows.Close()
-				return ended, err
-			}
-			kinds = append(kinds, k)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return ended, err
-		}
+		kinds = append(kinds, gone...)
 		t.ForgetServed()
 		if err := t.unreserve(`worker_id = ?`, workerID); err != nil {
 			return ended, err
 		}
-		rows, err = t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
+		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+runningCols+` FROM tasks WHERE state = 'running' AND worker_id = ?`, workerID)
 		if err != nil {
 			return ended, err
 		}
@@ -352,14 +342,6 @@ func (t *txn) dropWorkers(workerIDs []string, reason func(workerID string) strin
 		}
 	}
 	// The waiting tasks of the kinds that lost their last worker park.
-	for _, k := range kinds {
-		served, err := t.Served(k)
-		if err == nil && !served {
-			err = t.park(k)
-		}
-		if err != nil {
-			return ended, err
-		}
-	}
-	return ended, nil
+	slices.Sort(kinds)
+	return ended, t.parkKinds(slices.Compact(kinds))
 }
