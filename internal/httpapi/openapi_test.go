@@ -1,11 +1,16 @@
 package httpapi_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -167,4 +172,60 @@ func jsonFields(t reflect.Type) []string {
 		}
 	}
 	return out
+}
+
+// Every error code the Go SDK declares (the Code constants of package
+// sluice, read from its source) is in openapi.yaml's Error.code enum, so
+// a client generated from the document can compare against each.
+func TestOpenAPIErrorCodes(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "openapi.yaml"))
+	require.NoError(t, err)
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				Error struct {
+					Properties struct {
+						Code struct {
+							Enum []string `yaml:"enum"`
+						} `yaml:"code"`
+					} `yaml:"properties"`
+				} `yaml:"Error"`
+			} `yaml:"schemas"`
+		} `yaml:"components"`
+	}
+	require.NoError(t, yaml.Unmarshal(b, &doc))
+	enum := doc.Components.Schemas.Error.Properties.Code.Enum
+	require.NotEmpty(t, enum)
+
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, filepath.Join("..", ".."), func(fi fs.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, 0)
+	require.NoError(t, err)
+	var codes []string
+	for _, f := range pkgs["sluice"].Files {
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, name := range vs.Names {
+					if !strings.HasPrefix(name.Name, "Code") || i >= len(vs.Values) {
+						continue
+					}
+					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						v, err := strconv.Unquote(lit.Value)
+						require.NoError(t, err)
+						codes = append(codes, v)
+					}
+				}
+			}
+		}
+	}
+	require.Contains(t, codes, sluice.CodeBadRequest, "the Code constants were found")
+	for _, c := range codes {
+		require.Contains(t, enum, c, "error code %q is missing from Error.code in openapi.yaml", c)
+	}
 }
