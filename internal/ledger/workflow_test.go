@@ -673,6 +673,9 @@ func TestWorkflowLedger(t *testing.T) {
 	}
 	crashAfter := expectTasks / 4
 	ids := map[string]string{}
+	// Every id each worker registered under: a worker that lost its lease
+	// (a starved machine) registers again, under a new id.
+	regs := &registrations{ids: map[string]map[string]bool{}}
 	var stopDoomed func()
 	for _, s := range specs {
 		var b sluice.Backend = h.b
@@ -681,6 +684,7 @@ func TestWorkflowLedger(t *testing.T) {
 			doomed = newCrashable(b, func() bool { return l.Finished() >= crashAfter })
 			b, crashed = &crashOnAny{crashable: doomed}, doomed.dark.Load
 		}
+		b = &recordRegistrations{Backend: b, name: s.name, regs: regs}
 		w := sluice.NewWorker(b, workerConfig(s.name, s.slots))
 		w.Register("wf", handler(s.name, crashed))
 		w.Register("wf-item", handler(s.name, crashed))
@@ -1006,7 +1010,7 @@ func TestWorkflowLedger(t *testing.T) {
 			require.NoError(t, err)
 			if s.attempt <= len(task.Attempts) {
 				a := task.Attempts[s.attempt-1]
-				if a.WorkerID == ids[s.worker] && a.State == sluice.StateSucceeded {
+				if regs.had(s.worker, a.WorkerID) && a.State == sluice.StateSucceeded {
 					real++
 					continue
 				}
@@ -1114,7 +1118,7 @@ func TestWorkflowLedger(t *testing.T) {
 		require.Equal(t, wqPool, task.Queue, "task %d attempt %d started again off the handover queue", task.ID, r.Again.Attempt)
 		require.GreaterOrEqual(t, len(task.Attempts), r.Again.Attempt, "task %d", task.ID)
 		a := task.Attempts[r.Again.Attempt-1]
-		if a.WorkerID != ids[r.Again.Worker] && !(r.Again.Worker == "doomed" && strings.HasPrefix(a.Error, "lease expired")) {
+		if !regs.had(r.Again.Worker, a.WorkerID) && !(r.Again.Worker == "doomed" && strings.HasPrefix(a.Error, "lease expired")) {
 			t.Errorf("task %d attempt %d started on %s (ended %q), again on %s; the server records it on %s: %+v", task.ID, r.Again.Attempt,
 				r.First.Worker, r.First.Err, r.Again.Worker, a.WorkerID, task.Attempts)
 		}
@@ -1425,6 +1429,40 @@ func describeTasks(t *testing.T, h *harness, l *wfLedger, violations []string) s
 // brought tasks: a busy worker gets its next tasks from its completions
 // and may not call Claim for a long while. Arming is under a lock, as a
 // worker's claims and completions run at once.
+// registrations are the ids each worker (by name) registered under.
+type registrations struct {
+	mu  sync.Mutex
+	ids map[string]map[string]bool
+}
+
+// had reports whether the worker name registered under id.
+func (r *registrations) had(name, id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ids[name][id]
+}
+
+// recordRegistrations is a worker's backend that records the ids it
+// registers under.
+type recordRegistrations struct {
+	sluice.Backend
+	name string
+	regs *registrations
+}
+
+func (b *recordRegistrations) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerParams) (*sluice.WorkerRegistration, error) {
+	reg, err := b.Backend.RegisterWorker(ctx, p)
+	if err == nil {
+		b.regs.mu.Lock()
+		if b.regs.ids[b.name] == nil {
+			b.regs.ids[b.name] = map[string]bool{}
+		}
+		b.regs.ids[b.name][reg.ID] = true
+		b.regs.mu.Unlock()
+	}
+	return reg, err
+}
+
 type crashOnAny struct {
 	*crashable
 	armMu sync.Mutex
