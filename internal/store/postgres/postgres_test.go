@@ -5,12 +5,10 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/pgtest"
 	"github.com/sluice-dev/sluice/internal/store/postgres"
@@ -112,40 +110,18 @@ func TestPostgresMigrateFromEveryVersion(t *testing.T) {
 	}
 }
 
-// The migration that brought parking (flow/kinds.go) parks the tasks
-// that wait, ready or queued, for a kind no registered worker serves: a
-// ready one gives its slot back.
+// The migration that brought parking parks the strays of earlier
+// versions (storetest.ParkStraysOnUpgrade).
 func TestPostgresMigrateParksStrays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := open(t, pgtest.URL(t))
 	_, err := st.Migrate(ctx)
 	require.NoError(t, err)
-	_, err = st.SetEnvLimit(ctx, 1)
-	require.NoError(t, err)
-	require.NoError(t, st.RegisterWorker(ctx, store.Worker{ID: "w", Kinds: []string{"x", "y"}, Slots: 1, Lease: time.Hour}))
-	res, _, err := st.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "x", Queue: "x", MaxAttempts: 1}, {Kind: "x", Queue: "x", MaxAttempts: 1},
-		{Kind: "y", Queue: "y", MaxAttempts: 1}})
-	require.NoError(t, err)
-	require.Equal(t, sluice.StateReady, res[0].Task.State)
-	// As an earlier version left them: the worker leaves x, its tasks
-	// stay ready; the migration is to come.
-	_, err = st.Pool().Exec(ctx, `DELETE FROM worker_kinds WHERE kind = 'x';
-		DROP INDEX tasks_unserved; DELETE FROM schema_migrations WHERE name = '0015_unserved'`)
-	require.NoError(t, err)
-	_, err = st.Migrate(ctx)
-	require.NoError(t, err)
-	env, err := st.EnvStatus(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 1, env.Running, "y took the slot x gave back")
-	for i, want := range []sluice.TaskState{sluice.StateQueued, sluice.StateQueued, sluice.StateReady} {
-		task, err := st.GetTask(ctx, res[i].Task.ID)
-		require.NoError(t, err)
-		require.Equal(t, want, task.State, "task %d", i)
-	}
-	bad, err := st.CheckCounters(ctx)
-	require.NoError(t, err)
-	require.Empty(t, bad)
+	storetest.ParkStraysOnUpgrade(t, st, "0015_unserved", func(q string) error {
+		_, err := st.Pool().Exec(ctx, q)
+		return err
+	})
 }
 
 // schemaOf describes the tables, columns and indexes of a store's schema.

@@ -4,11 +4,9 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
 	"github.com/sluice-dev/sluice/internal/store/storetest"
@@ -56,9 +54,8 @@ func TestMigrateFromEveryVersion(t *testing.T) {
 	}
 }
 
-// The migration that brought parking (flow/kinds.go) parks the tasks
-// that wait, ready or queued, for a kind no registered worker serves: a
-// ready one gives its slot back.
+// The migration that brought parking parks the strays of earlier
+// versions (storetest.ParkStraysOnUpgrade).
 func TestMigrateParksStrays(t *testing.T) {
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "m.db"))
@@ -66,30 +63,7 @@ func TestMigrateParksStrays(t *testing.T) {
 	defer st.Close()
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)
-	_, err = st.SetEnvLimit(ctx, 1)
-	require.NoError(t, err)
-	require.NoError(t, st.RegisterWorker(ctx, store.Worker{ID: "w", Kinds: []string{"x", "y"}, Slots: 1, Lease: time.Hour}))
-	res, _, err := st.Enqueue(ctx, store.Limits{}, []store.NewTask{{Kind: "x", Queue: "x", MaxAttempts: 1}, {Kind: "x", Queue: "x", MaxAttempts: 1},
-		{Kind: "y", Queue: "y", MaxAttempts: 1}})
-	require.NoError(t, err)
-	require.Equal(t, sluice.StateReady, res[0].Task.State)
-	// As an earlier version left them: the worker leaves x, its tasks
-	// stay ready; the migration is to come.
-	require.NoError(t, st.Exec(ctx, `DELETE FROM worker_kinds WHERE kind = 'x';
-		DROP INDEX tasks_unserved; DELETE FROM schema_migrations WHERE name = '0014_unserved'`))
-	_, err = st.Migrate(ctx)
-	require.NoError(t, err)
-	env, err := st.EnvStatus(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 1, env.Running, "y took the slot x gave back")
-	for i, want := range []sluice.TaskState{sluice.StateQueued, sluice.StateQueued, sluice.StateReady} {
-		task, err := st.GetTask(ctx, res[i].Task.ID)
-		require.NoError(t, err)
-		require.Equal(t, want, task.State, "task %d", i)
-	}
-	bad, err := st.CheckCounters(ctx)
-	require.NoError(t, err)
-	require.Empty(t, bad)
+	storetest.ParkStraysOnUpgrade(t, st, "0014_unserved", func(q string) error { return st.Exec(ctx, q) })
 }
 
 func nonNil(s []string) []string {
