@@ -436,10 +436,10 @@ func ListTasksSQL(selectFrom string, f sluice.TaskFilter, afterID int64, param P
 	case sluice.StateQueued:
 		// A parked task (flow/kinds.go) shows as queued, not paused.
 		cond("t.state", string(f.State))
-		where[len(where)-1] = "(" + where[len(where)-1] + " OR t.state = 'paused' AND t.paused_from = 'unserved')"
+		where[len(where)-1] = "(" + where[len(where)-1] + " OR t.state = 'paused' AND t.paused_from = '"+flow.Unserved+"')"
 	case sluice.StatePaused:
 		cond("t.state", string(f.State))
-		where = append(where, "coalesce(t.paused_from, '') <> 'unserved'")
+		where = append(where, "coalesce(t.paused_from, '') <> '"+flow.Unserved+"'")
 	default:
 		cond("t.state", string(f.State))
 	}
@@ -482,16 +482,16 @@ func AddStateCounts(q *sluice.Queue, rows Rows) error {
 
 // ShownState is the SQL of a task row's state as the API shows it: a
 // parked task (flow/kinds.go) waits for a worker, which is queued.
-const ShownState = `CASE WHEN state = 'paused' AND paused_from = 'unserved' THEN 'queued' ELSE state END`
+const ShownState = `CASE WHEN state = 'paused' AND paused_from = '` + flow.Unserved + `' THEN 'queued' ELSE state END`
 
 // StateCountsSQL is the query of a queue's task counts per state (as
 // shown), its name the first argument (placeholder ph).
 func StateCountsSQL(ph string) string {
-	return `SELECT ` + ShownState + `, count(*) FROM tasks WHERE queue = ` + ph + ` GROUP BY state, paused_from = 'unserved'`
+	return `SELECT ` + ShownState + `, count(*) FROM tasks WHERE queue = ` + ph + ` GROUP BY state, paused_from = '` + flow.Unserved + `'`
 }
 
 // AllStateCountsSQL is the query of every queue's task counts per state.
-const AllStateCountsSQL = `SELECT queue, ` + ShownState + `, count(*) FROM tasks GROUP BY queue, state, paused_from = 'unserved'`
+const AllStateCountsSQL = `SELECT queue, ` + ShownState + `, count(*) FROM tasks GROUP BY queue, state, paused_from = '` + flow.Unserved + `'`
 
 // GetEnvStatus reads the environment row (sql: max_running, running,
 // active).
