@@ -436,7 +436,7 @@ func ListTasksSQL(selectFrom string, f sluice.TaskFilter, afterID int64, param P
 	case sluice.StateQueued:
 		// A parked task (flow/kinds.go) shows as queued, not paused.
 		cond("t.state", string(f.State))
-		where[len(where)-1] = "(" + where[len(where)-1] + " OR t.state = 'paused' AND t.paused_from = '"+flow.Unserved+"')"
+		where[len(where)-1] = "(" + where[len(where)-1] + " OR t.state = 'paused' AND t.paused_from = '" + flow.Unserved + "')"
 	case sluice.StatePaused:
 		cond("t.state", string(f.State))
 		where = append(where, "coalesce(t.paused_from, '') <> '"+flow.Unserved+"'")
