@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -205,10 +206,48 @@ func (h *harness) waitIdle(timeout time.Duration) {
 		if time.Now().After(deadline) {
 			qs, _ := h.b.ListQueues(h.ctx)
 			ws, _ := h.b.ListWorkers(h.ctx)
-			h.t.Fatalf("still %d unfinished tasks after %s:\nqueues %+v\nworkers %+v", env.Active, timeout, qs, ws)
+			h.t.Fatalf("still %d unfinished tasks after %s:\nqueues %+v\nworkers %+v\n%s", env.Active, timeout, qs, ws, h.stuckReport())
 		}
 		<-tick.C
 	}
+}
+
+// stuckReport says what a test that waited in vain needs to know: the
+// counters' findings, and each unfinished task with its attempts beside
+// the other tasks of its sub-queue that ended around its creation.
+func (h *harness) stuckReport() string {
+	var b strings.Builder
+	findings, err := inspect.Engine(h.srv).Store().CheckCounters(h.ctx)
+	fmt.Fprintf(&b, "counters: %v %v\n", findings, err)
+	for _, st := range []sluice.TaskState{sluice.StateRunning, sluice.StateReady, sluice.StateQueued, sluice.StateSuspended, sluice.StatePaused} {
+		page, err := h.b.ListTasks(h.ctx, sluice.TaskFilter{State: st, Limit: 20})
+		if err != nil {
+			fmt.Fprintf(&b, "listing %s tasks: %v\n", st, err)
+			continue
+		}
+		for _, t := range page.Tasks {
+			fmt.Fprintf(&b, "task %d %s queue %q key %q created %s\n", t.ID, t.State, t.Queue, t.ConcurrencyKey, t.CreatedAt.Format("15:04:05.000000"))
+			full, err := h.b.GetTask(h.ctx, t.ID)
+			if err == nil {
+				for _, a := range full.Attempts {
+					fmt.Fprintf(&b, "  attempt %d on %s started %s state %s %s\n", a.Attempt, a.WorkerID, a.StartedAt.Format("15:04:05.000000"), a.State, a.Error)
+				}
+			}
+			kin, err := h.b.ListTasks(h.ctx, sluice.TaskFilter{Queue: t.Queue, ConcurrencyKey: t.ConcurrencyKey, Limit: 12})
+			if err != nil {
+				continue
+			}
+			for _, k := range kin.Tasks {
+				fin := "-"
+				if k.FinishedAt != nil {
+					fin = k.FinishedAt.Format("15:04:05.000000")
+				}
+				fmt.Fprintf(&b, "  same key: task %d %s created %s started %v finished %s %s\n", k.ID, k.State,
+					k.CreatedAt.Format("15:04:05.000000"), k.StartedAt, fin, k.Error)
+			}
+		}
+	}
+	return b.String()
 }
 
 func intp(v int) *int { return &v }
