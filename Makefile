@@ -69,10 +69,26 @@ clean: ## Remove build output and the dev database
 BENCH_PG    ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCH_FLAGS ?=
 RIVER_FLAGS ?=
+# BENCH_DB_LATENCY (e.g. 250us) delays each direction between each side and
+# PostgreSQL by that much: River connects through `sluice bench proxy`,
+# sluice's servers through the same proxy in process (--db-latency).
+BENCH_DB_LATENCY ?=
 
-bench-compare: ## Run River (bench/peers/river) then sluice on the same PostgreSQL (BENCH_PG) and print the ratios
-	@set -eo pipefail; tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; \
-	echo "== River: bench/peers/river on $(BENCH_PG)" >&2; \
-	(cd bench/peers/river && $(GO) run . --db '$(BENCH_PG)' -o json $(RIVER_FLAGS)) > "$$tmp/river.json"; \
-	echo "== sluice: sluice bench --db $(BENCH_PG)" >&2; \
-	$(GO) run ./cmd/sluice bench --db '$(BENCH_PG)' --only a,b,c,e --compare-with "$$tmp/river.json" $(BENCH_FLAGS)
+bench-compare: ## Run River (bench/peers/river) then sluice on the same PostgreSQL (BENCH_PG; BENCH_DB_LATENCY=250us: at a distance) and print the ratios
+	@set -eo pipefail; tmp="$$(mktemp -d)"; proxy=""; \
+	trap 'if [ -n "$$proxy" ]; then kill "$$proxy" 2>/dev/null || true; wait "$$proxy" 2>/dev/null || true; fi; rm -rf "$$tmp"' EXIT; \
+	$(GO) build -o "$$tmp/sluice" ./cmd/sluice; \
+	river_db='$(BENCH_PG)'; latency=""; \
+	if [ -n '$(BENCH_DB_LATENCY)' ]; then \
+		"$$tmp/sluice" bench proxy --db '$(BENCH_PG)' --delay '$(BENCH_DB_LATENCY)' > "$$tmp/proxy.url" 2> "$$tmp/proxy.log" & proxy=$$!; \
+		for _ in $$(seq 1 100); do [ -s "$$tmp/proxy.url" ] && break; kill -0 "$$proxy" 2>/dev/null || break; sleep 0.1; done; \
+		river_db="$$(head -n 1 "$$tmp/proxy.url")"; \
+		if [ -z "$$river_db" ]; then echo "sluice bench proxy did not start:" >&2; cat "$$tmp/proxy.log" >&2; exit 1; fi; \
+		latency="--db-latency $(BENCH_DB_LATENCY)"; \
+		echo "== River through sluice bench proxy ($(BENCH_DB_LATENCY) each way) to $(BENCH_PG)" >&2; \
+	else \
+		echo "== River: bench/peers/river on $(BENCH_PG)" >&2; \
+	fi; \
+	(cd bench/peers/river && $(GO) run . --db "$$river_db" -o json $(RIVER_FLAGS)) > "$$tmp/river.json"; \
+	echo "== sluice: sluice bench --db $(BENCH_PG) $$latency" >&2; \
+	"$$tmp/sluice" bench --db '$(BENCH_PG)' $$latency --only a,b,c,e --compare-with "$$tmp/river.json" $(BENCH_FLAGS)

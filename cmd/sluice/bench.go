@@ -46,6 +46,9 @@ type benchFlags struct {
 	dropIndexes                                     []string
 	wfShapes                                        []string
 	wfBlocked                                       []int
+	replicas                                        []int
+	queues, rounds                                  int
+	dbLatency                                       time.Duration
 }
 
 func (a *app) newBenchCmd() *cobra.Command {
@@ -77,6 +80,21 @@ or with --db postgres://… a new schema of that database, dropped afterwards.
      each second; and --tasks no-op tasks of an unlimited queue beside it,
      tasks/s as a ratio of the same alone
 
+Replicas and distance (PostgreSQL only):
+  --replicas 1,2  runs (a) and (b) once on each number of servers (in this
+     process, on one schema, each with its own engine, HTTP listener and
+     --workers workers), the tasks spread over --queues queues (default: the
+     largest count), queue i triggered through and worked on replica i mod N;
+     prints a scaling table: tasks/s, the ratio to 1 replica in the same
+     round, CPU per task of the servers, the workers and PostgreSQL, and
+     deadlocks; --rounds R repeats it, interleaved
+  --db-latency 250us  puts a proxy between every server and PostgreSQL that
+     delays each direction by that much (0.5 ms round trip: a database on
+     another host); the bench's own reads go direct
+  --queues Q  also without --replicas: (a) and (b) over Q queues
+  sluice bench proxy  the same proxy on its own, for another program (River's
+     bench peer in make bench-compare)
+
 The worker of (a), (b), (e) and (f) is a sluice worker process over HTTP;
 --in-process runs it in this process over HTTP, and --embedded in this
 process on the engine itself, without HTTP, as a Go program that embeds
@@ -90,7 +108,8 @@ results section of a Markdown file such as docs/benchmarks.md.`,
   sluice bench --out docs/benchmarks.md
   sluice bench --only a,b --tasks 50000 --claim-batch 500
   sluice bench --only d --blocked 10000,1000000 -o json
-  sluice bench --only a,f --tasks 20000 --wf-blocked 10000,1000000`,
+  sluice bench --only a,f --tasks 20000 --wf-blocked 10000,1000000
+  sluice bench --db postgres://postgres@127.0.0.1/postgres --only a,b --replicas 1,2 --queues 4 --rounds 3 --db-latency 250us`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(cmd.Flags())
@@ -136,13 +155,13 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 					return err
 				}
 			} else {
-				fmt.Fprintln(a.stdout, res.Markdown(benchCommandLine(cmd.Flags())))
+				fmt.Fprintln(a.stdout, res.Markdown(benchCommandLine(cmd.Flags(), a.envSources)))
 			}
 			if runErr != nil {
 				return runErr
 			}
 			if f.out != "" {
-				if err := bench.UpdateDoc(f.out, res.Markdown(benchCommandLine(cmd.Flags()))); err != nil {
+				if err := bench.UpdateDoc(f.out, res.Markdown(benchCommandLine(cmd.Flags(), a.envSources))); err != nil {
 					return fmt.Errorf("--out: %w", err)
 				}
 				fmt.Fprintf(a.stderr, "bench: results written to %s\n", f.out)
@@ -188,7 +207,27 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	_ = fs.MarkHidden("cpuprofile")
 	fs.StringSliceVar(&f.dropIndexes, "drop-index", nil, "experiment: drop these indexes from each scenario's database to measure their cost")
 	_ = fs.MarkHidden("drop-index")
+	fs.IntSliceVar(&f.replicas, "replicas", nil, "run (a) and (b) on each of these numbers of servers (e.g. 1,2,4; PostgreSQL only) and print a scaling table")
+	fs.IntVar(&f.queues, "queues", 0, "queues (a) and (b) spread their tasks over, queue i on replica i mod N (default 1, or the largest --replicas count)")
+	fs.IntVar(&f.rounds, "rounds", 1, "with --replicas: run every count this many times, interleaved")
+	fs.DurationVar(&f.dbLatency, "db-latency", 0, "delay each direction between the servers and PostgreSQL by this much through a proxy in this process (e.g. 250us; 0 = direct)")
+	// So that a script that runs `sluice bench` with flags of its own
+	// (../shared/bench16/run.sh) can pass the replica mode through.
+	for _, name := range []string{"replicas", "queues", "rounds", "db-latency"} {
+		bindBenchEnv(fs, name)
+	}
+	cmd.AddCommand(a.newBenchProxyCmd(), a.newBenchWorkerCmd())
 	return cmd
+}
+
+// bindBenchEnv binds a bench flag to SLUICE_BENCH_<FLAG> (not
+// SLUICE_<FLAG>, which other commands read): set when the flag is not
+// given.
+func bindBenchEnv(fs *pflag.FlagSet, flag string) {
+	v := "SLUICE_BENCH_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+	if err := fs.SetAnnotation(flag, envAnnotation, []string{v}); err != nil {
+		panic(err) // a programming error: the flag does not exist
+	}
 }
 
 // config maps the flags onto a bench.Config.
@@ -235,7 +274,11 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		}
 		shapes = append(shapes, s)
 	}
+	if fs.Changed("queues") && f.queues < 1 {
+		return bench.Config{}, usagef("--queues: must be at least 1, got %d", f.queues)
+	}
 	cfg := bench.Config{
+		Replicas: f.replicas, Queues: f.queues, Rounds: f.rounds, DBLatency: f.dbLatency,
 		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, RateLimit: f.rateLimit, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
@@ -247,7 +290,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 	// Zero would mean "default" to bench.Config: reject it here.
 	for name, v := range map[string]int{"tasks": f.tasks, "slots": f.slots, "workers": f.workers, "claim-batch": f.claimBatch, "enqueue-batch": f.enqueueBatch,
 		"limit": f.limit, "keys": f.keys, "rate": f.rate, "rate-limit": f.rateLimit, "claims": f.claims, "claim-max": f.claimMax,
-		"slow-tasks": f.slowTasks, "slow-limit": f.slowLimit} {
+		"slow-tasks": f.slowTasks, "slow-limit": f.slowLimit, "rounds": f.rounds} {
 		if v < 1 {
 			return bench.Config{}, usagef("--%s: must be at least 1, got %d", name, v)
 		}
@@ -269,10 +312,14 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 }
 
 // benchCommandLine is the command that reproduces the run (the flags
-// given, less where the output went).
-func benchCommandLine(fs *pflag.FlagSet) string {
+// given, on the command line or by fromEnv's variables, less where the
+// output went).
+func benchCommandLine(fs *pflag.FlagSet, fromEnv map[string]string) string {
 	parts := []string{"sluice bench"}
-	fs.Visit(func(fl *pflag.Flag) {
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if _, ok := fromEnv[fl.Name]; !fl.Changed && !ok {
+			return
+		}
 		switch fl.Name {
 		case "out", "output", "dir", "cpuprofile", "compare-with":
 			return

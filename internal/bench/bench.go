@@ -7,8 +7,11 @@
 //
 // Every scenario starts its own server in-process (127.0.0.1:0, a fresh
 // SQLite file in a temporary directory) and talks to it as a worker would:
-// over HTTP. Times are read back from the tasks' rows, so the numbers are
-// what the server recorded, not what the harness guessed.
+// over HTTP. On PostgreSQL, Config.Replicas runs (a) and (b) on several
+// servers sharing one schema (scaling.go), and Config.DBLatency puts a
+// delaying proxy between the servers and the database. Times are read
+// back from the tasks' rows, so the numbers are what the server recorded,
+// not what the harness guessed.
 package bench
 
 import (
@@ -111,6 +114,32 @@ type Config struct {
 	// WorkflowBlocked lists the numbers of items waiting behind windows
 	// while (f) times claims of another queue, as (d); empty: none.
 	WorkflowBlocked []int
+	// Replicas, when set, runs the throughput scenarios (a) and (b) once
+	// for each number of servers in it (PostgreSQL only): that many
+	// replicas in this process on one schema, each with its own engine,
+	// HTTP listener and Workers workers, the Queues queues spread over
+	// them (queue i's triggers and worker on replica i mod N), Tasks
+	// tasks each time. Results.Scaling holds the table, tasks/s also as
+	// a ratio to the first count's (1 where listed) in the same round.
+	// Empty (the default): one server, (a) and (b) as usual.
+	Replicas []int
+	// Queues is how many queues the throughput scenarios (a) and (b)
+	// split their Tasks over (round robin); with (b) each queue has the
+	// limit, or the keys, of one. With more than one, each queue's tasks
+	// have a kind of their own (echo under another name), so that a
+	// queue's tasks go to the worker of its replica. Defaults to 1, or
+	// with Replicas to its largest count.
+	Queues int
+	// Rounds is how many times the Replicas runs are repeated,
+	// interleaved (round 1 of every count, then round 2 …). Defaults to
+	// 1; more needs Replicas.
+	Rounds int
+	// DBLatency, when positive, puts a proxy in this process between
+	// every server and PostgreSQL that delays each direction by it
+	// (internal/latencyproxy): 250µs is a database on another host, 0.5
+	// ms a round trip. The bench's own side connection goes direct. Zero
+	// (the default): direct.
+	DBLatency time.Duration
 	// Only restricts the run to these scenarios. Empty means all but (f).
 	Only []string
 	// DB is the database to measure on: empty for SQLite (a fresh file
@@ -212,6 +241,11 @@ func (c Config) WithDefaults() Config {
 	def(&c.ClaimMax, DefaultClaimMax)
 	def(&c.SlowTasks, DefaultSlowTasks)
 	def(&c.SlowLimit, DefaultSlowLimit)
+	def(&c.Rounds, 1)
+	if len(c.Replicas) > 0 {
+		def(&c.Queues, slices.Max(c.Replicas))
+	}
+	def(&c.Queues, 1)
 	if c.SlowSleep == 0 {
 		c.SlowSleep = DefaultSlowSleep
 	}
@@ -287,6 +321,9 @@ func (c Config) Validate() error {
 	case c.Timeout <= 0:
 		return fmt.Errorf("timeout: must be > 0, got %s", c.Timeout)
 	}
+	if err := c.validateReplicas(); err != nil {
+		return err
+	}
 	for _, n := range c.Blocked {
 		if n < 1 {
 			return fmt.Errorf("blocked: sizes must be ≥ 1, got %d", n)
@@ -305,6 +342,52 @@ func (c Config) Validate() error {
 	for _, s := range c.Only {
 		if !slices.Contains(KnownScenarios, s) {
 			return fmt.Errorf("only: unknown scenario %q (want a comma-separated subset of %s)", s, strings.Join(KnownScenarios, ","))
+		}
+	}
+	return nil
+}
+
+// Bounds of the replica and distance settings.
+const (
+	MaxReplicas  = 32
+	MaxQueues    = 1000
+	MaxRounds    = 100
+	MaxDBLatency = time.Second
+)
+
+// validateReplicas checks Replicas, Queues, Rounds and DBLatency.
+func (c Config) validateReplicas() error {
+	seen := map[int]bool{}
+	for _, n := range c.Replicas {
+		switch {
+		case n < 1 || n > MaxReplicas:
+			return fmt.Errorf("replicas: each count must be between 1 and %d, got %d", MaxReplicas, n)
+		case seen[n]:
+			return fmt.Errorf("replicas: %d listed twice", n)
+		}
+		seen[n] = true
+	}
+	switch {
+	case len(c.Replicas) > 0 && !c.Postgres():
+		return errors.New("replicas: needs a PostgreSQL db (postgres://…): SQLite is one writer in one process")
+	case c.Queues < 1 || c.Queues > MaxQueues:
+		return fmt.Errorf("queues: must be between 1 and %d, got %d", MaxQueues, c.Queues)
+	case len(c.Replicas) > 0 && c.Queues < slices.Max(c.Replicas):
+		return fmt.Errorf("queues: must be at least the largest replica count (%d), so that every replica serves a queue, got %d", slices.Max(c.Replicas), c.Queues)
+	case c.Queues > c.Tasks:
+		return fmt.Errorf("queues: more queues (%d) than tasks (%d)", c.Queues, c.Tasks)
+	case c.Rounds < 1 || c.Rounds > MaxRounds:
+		return fmt.Errorf("rounds: must be between 1 and %d, got %d", MaxRounds, c.Rounds)
+	case c.Rounds > 1 && len(c.Replicas) == 0:
+		return errors.New("rounds: repeats the replica runs; give replicas too (e.g. replicas 1,2)")
+	case c.DBLatency < 0 || c.DBLatency > MaxDBLatency:
+		return fmt.Errorf("db-latency: must be between 0 (direct) and %s, got %s", MaxDBLatency, c.DBLatency)
+	case c.DBLatency > 0 && !c.Postgres():
+		return errors.New("db-latency: needs a PostgreSQL db (postgres://…): the proxy sits between the servers and PostgreSQL")
+	}
+	if c.DBLatency > 0 {
+		if _, err := PostgresHostPort(c.DB); err != nil {
+			return fmt.Errorf("db-latency: %w", err)
 		}
 	}
 	return nil
@@ -334,6 +417,11 @@ type Results struct {
 	ResultLinger string `json:"result_linger"`
 	// DroppedIndexes is Config.DropIndexes: not the shipped schema.
 	DroppedIndexes []string `json:"dropped_indexes,omitempty"`
+	// DBLatency is Config.DBLatency, the delay each way between the
+	// servers and PostgreSQL; omitted when direct.
+	DBLatency string `json:"db_latency,omitempty"`
+	// Queues is Config.Queues, the queues of (a) and (b); omitted when 1.
+	Queues int `json:"queues,omitempty"`
 
 	Throughput []*ThroughputResult `json:"throughput,omitempty"`
 	Latency    *LatencyResult      `json:"latency,omitempty"`
@@ -341,6 +429,9 @@ type Results struct {
 	Slow       *SlowResult         `json:"slow,omitempty"`
 	Workflow   *WorkflowResults    `json:"workflow,omitempty"`
 	Rate       *RateResult         `json:"rate,omitempty"`
+	// Scaling holds the runs of Config.Replicas: (a) and (b) on each
+	// number of servers. Throughput is then empty.
+	Scaling *ScalingResult `json:"scaling,omitempty"`
 	// ClaimP50Ratio and ClaimP99Ratio compare the largest backlog of (d)
 	// to the smallest (1 = flat).
 	ClaimP50Ratio float64 `json:"claim_p50_ratio,omitempty"`
@@ -365,13 +456,26 @@ func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 		Worker: cfg.Worker.String(), Slots: cfg.Slots, Workers: cfg.Workers, ClaimBatch: cfg.ClaimBatch, DroppedIndexes: cfg.DropIndexes,
 		ResultLinger: lingerString(cfg.ResultLinger),
 	}
+	if cfg.DBLatency > 0 {
+		res.DBLatency = cfg.DBLatency.String()
+	}
+	if cfg.Queues > 1 {
+		res.Queues = cfg.Queues
+	}
 	defer func() { res.LoadEnd = loadAvg() }()
 	if res.Database, err = describeDB(ctx, cfg); err != nil {
 		return nil, err
 	}
 	want := func(s string) bool { return slices.Contains(cfg.Only, s) }
 	var noop *ThroughputResult
-	if want(ScenarioNoop) {
+	if shapes := scalingShapes(&cfg); len(cfg.Replicas) > 0 && len(shapes) > 0 {
+		r, err := RunScaling(ctx, cfg, shapes)
+		res.Scaling = r
+		if err != nil {
+			return res, fmt.Errorf("replicas: %w", err)
+		}
+	}
+	if want(ScenarioNoop) && len(cfg.Replicas) == 0 {
 		r, err := RunThroughput(ctx, cfg, Noop)
 		if err != nil {
 			return res, fmt.Errorf("(a) no-op throughput: %w", err)
@@ -379,7 +483,7 @@ func Run(ctx context.Context, cfg Config) (_ *Results, err error) {
 		noop = r
 		res.Throughput = append(res.Throughput, r)
 	}
-	if want(ScenarioLimited) {
+	if want(ScenarioLimited) && len(cfg.Replicas) == 0 {
 		for _, sc := range []Shape{Limited, Keyed} {
 			r, err := RunThroughput(ctx, cfg, sc)
 			if err != nil {

@@ -81,7 +81,7 @@ func noopRun(t *testing.T, cfg Config, drop bool) (float64, float64) {
 	require.NoError(t, err)
 	require.NoError(t, serr)
 	r := &ThroughputResult{Tasks: cfg.Tasks}
-	require.NoError(t, r.readBack(ctx, e, queue))
+	require.NoError(t, r.readBack(ctx, e, []string{queue}))
 	return r.TasksPerSec, cpu
 }
 

@@ -110,9 +110,18 @@ func (r *Results) Markdown(command string) string {
 	if r.Database != "" {
 		p("- Database: %s\n", r.Database)
 	}
-	if r.Workers > 1 {
+	if r.DBLatency != "" {
+		p("- Distance to PostgreSQL: %s each way, servers ↔ PostgreSQL through a proxy in the bench process (internal/latencyproxy); the bench's own reads go direct\n", r.DBLatency)
+	}
+	if r.Queues > 1 {
+		p("- Queues of (a) and (b): %d, the tasks spread round robin, each queue with the limit or keys of one\n", r.Queues)
+	}
+	switch {
+	case r.Scaling != nil:
+		p("- Workers ((a), (b)): %d × %s per replica, %d slots each, claim batch %d, result linger %s\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
+	case r.Workers > 1:
 		p("- Workers ((a), (b)): %d × %s, %d slots each, claim batch %d, result linger %s\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
-	} else {
+	default:
 		p("- Worker: %s, %d slots, claim batch %d, result linger %s\n", r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
 	}
 	if len(r.DroppedIndexes) > 0 {
@@ -121,7 +130,9 @@ func (r *Results) Markdown(command string) string {
 	if command != "" {
 		p("- Command: `%s`\n", command)
 	}
-	p("\n| Measure | Result | Target | Met |\n|---|---|---|---|\n")
+	var table strings.Builder
+	header := p
+	p = func(format string, args ...any) { fmt.Fprintf(&table, format, args...) }
 	var noop *ThroughputResult
 	for _, t := range r.Throughput {
 		if t.Shape == Noop {
@@ -166,6 +177,13 @@ func (r *Results) Markdown(command string) string {
 	}
 	if r.Rate != nil {
 		r.Rate.markdownRow(p)
+	}
+	p = header
+	if table.Len() > 0 {
+		p("\n| Measure | Result | Target | Met |\n|---|---|---|---|\n%s", table.String())
+	}
+	if r.Scaling != nil {
+		r.Scaling.markdown(p)
 	}
 
 	if len(r.Throughput) > 0 {

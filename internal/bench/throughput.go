@@ -34,6 +34,13 @@ type ThroughputResult struct {
 	Keys  int `json:"keys,omitempty"`
 	// Handover: the limited queue had handover on (Config.LimitedHandover).
 	Handover bool `json:"handover,omitempty"`
+	// Queues the tasks were spread over (Config.Queues), each with Limit
+	// and Keys; omitted when 1.
+	Queues int `json:"queues,omitempty"`
+	// Replicas and Round are set in a Config.Replicas run: the number of
+	// servers, and which round of Config.Rounds (from 1).
+	Replicas int `json:"replicas,omitempty"`
+	Round    int `json:"round,omitempty"`
 
 	EnqueueSeconds float64 `json:"enqueue_seconds"`
 	EnqueuePerSec  float64 `json:"enqueue_per_sec"`
@@ -46,12 +53,32 @@ type ThroughputResult struct {
 	WallSeconds float64 `json:"wall_seconds"`
 	// ServerCPUPerTask is this process's CPU time (user + system) during
 	// the measured phase over Tasks, in microseconds: the server's cost
-	// per task, and the in-process worker's too when the worker is in
-	// process. Less sensitive to a busy machine than TasksPerSec.
+	// per task (every replica's), and the in-process worker's too when
+	// the worker is in process, and the latency proxy's with DBLatency.
+	// Less sensitive to a busy machine than TasksPerSec.
 	ServerCPUPerTask float64 `json:"server_cpu_us_per_task"`
-	// WorkerCPUPerTask is the worker process's CPU time over Tasks, in
+	// WorkerCPUPerTask is the worker processes' CPU time over Tasks, in
 	// microseconds (0 for an in-process worker).
 	WorkerCPUPerTask float64 `json:"worker_cpu_us_per_task,omitempty"`
+	// PostgresCPUPerTask is the CPU time of the PostgreSQL backends that
+	// served this scenario's servers, over Tasks, in microseconds, and
+	// PostgresAllCPUPerTask that of every PostgreSQL process (background
+	// writers, and any other session's backends, included): read from
+	// /proc over the measured phase (pgcpu.go). Omitted where PostgreSQL
+	// is not a process of this machine, and on SQLite.
+	PostgresCPUPerTask    float64 `json:"postgres_cpu_us_per_task,omitempty"`
+	PostgresAllCPUPerTask float64 `json:"postgres_all_cpu_us_per_task,omitempty"`
+	// DBRoundTripsPerTask is, with DBLatency, the chunks the servers sent
+	// to PostgreSQL through the proxy during the measured phase, over
+	// Tasks: about the round trips a task costs (a pipelined batch is one).
+	DBRoundTripsPerTask float64 `json:"db_round_trips_per_task,omitempty"`
+	// Deadlocks is the rise of PostgreSQL's deadlock count for the
+	// database (pg_stat_database.deadlocks, every session's) over the
+	// measured phase; WriteRetries the write transactions the stores
+	// retried after a deadlock or a serialization failure, where a
+	// store counts them (see writeRetrier).
+	Deadlocks    int64 `json:"deadlocks,omitempty"`
+	WriteRetries int64 `json:"write_retries,omitempty"`
 	// Claims and Completes count the claim and complete transactions
 	// that handed out or finished tasks (distinct start and finish
 	// times): Tasks over them is the average batch.
@@ -59,13 +86,19 @@ type ThroughputResult struct {
 	Completes int `json:"completes"`
 	// PercentOfNoop compares (b) to (a) of the same run.
 	PercentOfNoop float64 `json:"percent_of_noop,omitempty"`
-	// MaxRunning is the most attempts of the queue that overlapped, and
-	// MaxRunningPerKey the most of one concurrency key: computed exactly
-	// after the run from every task's recorded [start, finish) interval,
-	// so nothing reads the database while the measure runs. They check
-	// the limits held (and the worker's slots bound MaxRunning).
+	// MaxRunning is the most attempts of the queues that overlapped, and
+	// MaxRunningPerKey the most of one concurrency key of one queue:
+	// computed exactly after the run from every task's recorded [start,
+	// finish) interval, so nothing reads the database while the measure
+	// runs. They check the limits held (and the workers' slots bound
+	// MaxRunning).
 	MaxRunning       int `json:"max_running"`
 	MaxRunningPerKey int `json:"max_running_per_key"`
+
+	// scenario is Label without the replica count; retriesCounted says
+	// whether the store counted WriteRetries (writeRetrier).
+	scenario       string
+	retriesCounted bool
 }
 
 func (s Shape) label(cfg *Config) string {
@@ -73,34 +106,90 @@ func (s Shape) label(cfg *Config) string {
 	if cfg.LimitedHandover {
 		handover = ", handover on"
 	}
-	switch s {
-	case Limited:
+	q := cfg.Queues
+	switch {
+	case s == Limited && q > 1:
+		return fmt.Sprintf("(b) %d queues of limit %d%s", q, cfg.Limit, handover)
+	case s == Limited:
 		return fmt.Sprintf("(b) queue limit %d%s", cfg.Limit, handover)
-	case Keyed:
+	case s == Keyed && q > 1:
+		return fmt.Sprintf("(b) %d queues of %d keys, limit 1 each%s", q, cfg.Keys, handover)
+	case s == Keyed:
 		return fmt.Sprintf("(b) %d keys, limit 1 each%s", cfg.Keys, handover)
+	case q > 1:
+		return fmt.Sprintf("(a) unbounded, %d queues", q)
 	}
 	return "(a) unbounded"
 }
 
 // RunThroughput pre-enqueues cfg.Tasks no-op tasks shaped by shape, then
-// starts the worker and measures how fast they complete.
+// starts the worker and measures how fast they complete. It runs one
+// server; RunScaling runs it on several.
 func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputResult, error) {
+	return runThroughput(ctx, cfg, shape, 0, 0)
+}
+
+// benchQueue is one queue of a throughput scenario.
+type benchQueue struct {
+	name, kind string
+	tasks      int
+	replica    int // the replica its triggers and its worker use
+}
+
+// throughputQueues splits cfg.Tasks over cfg.Queues queues, queue i on
+// replica i mod replicas. One queue keeps the names of old (bench-SHAPE,
+// kind echo); with more, each has a kind of its own, echo-qI, so that
+// its tasks go to its replica's worker only.
+func throughputQueues(cfg *Config, shape Shape, replicas int) []benchQueue {
+	if cfg.Queues <= 1 {
+		return []benchQueue{{name: "bench-" + string(shape), kind: "echo", tasks: cfg.Tasks}}
+	}
+	qs := make([]benchQueue, cfg.Queues)
+	for i := range qs {
+		qs[i] = benchQueue{
+			name: "bench-" + string(shape) + "-" + strconv.Itoa(i), kind: "echo-q" + strconv.Itoa(i),
+			tasks: cfg.Tasks / cfg.Queues, replica: i % replicas,
+		}
+		if i < cfg.Tasks%cfg.Queues {
+			qs[i].tasks++
+		}
+	}
+	return qs
+}
+
+// runThroughput is RunThroughput on replicas servers (0: one, not a
+// Config.Replicas run), as round round of a RunScaling.
+func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round int) (*ThroughputResult, error) {
 	cfg, ctx, cancel, err := begin(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	r := &ThroughputResult{Shape: shape, Label: shape.label(&cfg), Tasks: cfg.Tasks}
-	cfg.progress("%s: %d no-op tasks, worker %d slots, claim batch %d", r.Label, cfg.Tasks, cfg.Slots, cfg.ClaimBatch)
+	r := &ThroughputResult{Shape: shape, Label: shape.label(&cfg), Tasks: cfg.Tasks, Replicas: replicas, Round: round}
+	r.scenario = r.Label
+	if cfg.Queues > 1 {
+		r.Queues = cfg.Queues
+	}
+	if replicas > 0 {
+		r.Label += fmt.Sprintf(", %d %s", replicas, plural(replicas, "replica", "replicas"))
+	}
+	n := max(replicas, 1)
+	cfg.progress("%s: %d no-op tasks, %d × %d worker(s) of %d slots, claim batch %d", r.Label, cfg.Tasks, n, cfg.Workers, cfg.Slots, cfg.ClaimBatch)
 
-	e, err := newEnv(ctx, &cfg, string(shape), envOptions{})
+	queues := throughputQueues(&cfg, shape, n)
+	var kinds []string
+	for _, q := range queues {
+		if q.kind != "echo" {
+			kinds = append(kinds, q.kind)
+		}
+	}
+	e, err := newEnv(ctx, &cfg, string(shape), envOptions{replicas: n, kinds: kinds})
 	if err != nil {
 		return nil, err
 	}
 	defer e.close()
 
-	queue := "bench-" + string(shape)
 	var key func(int) string
 	switch shape {
 	case Limited:
@@ -109,16 +198,21 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 		r.Limit, r.Keys = 1, cfg.Keys
 		key = func(i int) string { return "k" + strconv.Itoa(i%cfg.Keys) }
 	}
-	if r.Limit > 0 {
-		r.Handover = cfg.LimitedHandover
-		if _, err := e.eng.PutQueue(ctx, queue, sluice.QueueParams{ConcurrencyLimit: sluice.Set(r.Limit), Handover: sluice.Set(r.Handover)}); err != nil {
-			return nil, fmt.Errorf("creating queue: %w", err)
+	t0 := time.Now()
+	for _, q := range queues {
+		rep := e.replicas[q.replica]
+		if r.Limit > 0 {
+			r.Handover = cfg.LimitedHandover
+			if _, err := rep.eng.PutQueue(ctx, q.name, sluice.QueueParams{ConcurrencyLimit: sluice.Set(r.Limit), Handover: sluice.Set(r.Handover)}); err != nil {
+				return nil, fmt.Errorf("creating queue: %w", err)
+			}
+		}
+		tmpl := sluice.TriggerParams{Kind: q.kind, Queue: q.name, MaxAttempts: 1}
+		if _, err := e.enqueueOn(ctx, rep.eng, &cfg, tmpl, q.tasks, key); err != nil {
+			return nil, err
 		}
 	}
-	took, err := e.enqueue(ctx, &cfg, queue, cfg.Tasks, key)
-	if err != nil {
-		return nil, err
-	}
+	took := time.Since(t0)
 	if err := e.checkpoint(ctx); err != nil {
 		return nil, err
 	}
@@ -126,30 +220,50 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 	r.EnqueuePerSec = float64(cfg.Tasks) / took.Seconds()
 	cfg.progress("  enqueued %d in %.2fs (%.0f/s, Engine.TriggerMany of %d)", cfg.Tasks, r.EnqueueSeconds, r.EnqueuePerSec, cfg.EnqueueBatch)
 
-	spec := WorkerSpec{URL: e.url, Backend: e.srv.Backend(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}
+	// One set of workers per replica, serving its queues' kinds.
+	specs := make([]WorkerSpec, n)
+	for i, rep := range e.replicas {
+		specs[i] = WorkerSpec{URL: rep.url, Backend: rep.srv.Backend(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}
+	}
+	names := make([]string, len(queues))
+	for i, q := range queues {
+		names[i] = q.name
+		if q.kind != "echo" {
+			specs[q.replica].EchoAs = append(specs[q.replica].EchoAs, q.kind)
+		}
+	}
 	var stopProfile func() error
 	if cfg.CPUProfile != "" {
-		spec.CPUProfile = cfg.CPUProfile + "-" + string(shape) + "-worker.pprof"
-		if stopProfile, err = profile(cfg.CPUProfile + "-" + string(shape) + "-server.pprof"); err != nil {
+		prefix := cfg.CPUProfile + "-" + string(shape)
+		if replicas > 0 {
+			prefix += fmt.Sprintf("-r%d-%d", replicas, round)
+		}
+		for i := range specs {
+			specs[i].CPUProfile = fmt.Sprintf("%s-worker%s.pprof", prefix, suffix(i, n))
+		}
+		if stopProfile, err = profile(prefix + "-server.pprof"); err != nil {
 			return nil, fmt.Errorf("CPU profile: %w", err)
 		}
 	} else {
 		stopProfile, _ = profile("")
 	}
+	r.retriesCounted = e.retriesCounted()
+	m := e.startMeasure(ctx)
 	if cfg.measuring != nil {
 		cfg.measuring(true)
 	}
 	start, cpu0 := time.Now(), processCPU()
-	stopWorker, err := startWorkers(ctx, cfg.Worker, spec, cfg.Workers)
+	stopWorker, err := startWorkerSets(ctx, cfg.Worker, specs, cfg.Workers)
 	if err != nil {
 		_ = stopProfile()
 		return nil, err
 	}
-	done, err := e.waitDrained(ctx, &cfg, queue, int64(cfg.Tasks), deadline)
+	done, err := e.waitAllDrained(ctx, &cfg, names, int64(cfg.Tasks), deadline)
 	r.ServerCPUPerTask = float64((processCPU() - cpu0).Microseconds()) / float64(cfg.Tasks)
 	if cfg.measuring != nil {
 		cfg.measuring(false)
 	}
+	m.finish(ctx, r)
 	perr := stopProfile()
 	wcpu, werr := stopWorker()
 	r.WorkerCPUPerTask = float64(wcpu.Microseconds()) / float64(cfg.Tasks)
@@ -164,11 +278,18 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 	}
 	r.WallSeconds = done.Sub(start).Seconds()
 
-	if err := r.readBack(ctx, e, queue); err != nil {
+	if err := r.readBack(ctx, e, names); err != nil {
 		return nil, err
 	}
-	cfg.progress("  %s: %.0f tasks/s (%d tasks in %.2fs first start → last finish; wall %.2fs); CPU µs/task server %.0f worker %.0f; %.0f tasks/claim, %.0f/complete; at most %d running at once, %d of one key",
-		r.Label, r.TasksPerSec, r.Tasks, r.Seconds, r.WallSeconds, r.ServerCPUPerTask, r.WorkerCPUPerTask,
+	pg := ""
+	if r.PostgresCPUPerTask > 0 {
+		pg = fmt.Sprintf(" PostgreSQL %.0f (all %.0f)", r.PostgresCPUPerTask, r.PostgresAllCPUPerTask)
+	}
+	if e.proxy != nil {
+		pg += fmt.Sprintf("; %.3f round trips/task through the %s proxy", r.DBRoundTripsPerTask, cfg.DBLatency)
+	}
+	cfg.progress("  %s: %.0f tasks/s (%d tasks in %.2fs first start → last finish; wall %.2fs); CPU µs/task server %.0f worker %.0f%s; %.0f tasks/claim, %.0f/complete; at most %d running at once, %d of one key",
+		r.Label, r.TasksPerSec, r.Tasks, r.Seconds, r.WallSeconds, r.ServerCPUPerTask, r.WorkerCPUPerTask, pg,
 		float64(r.Tasks)/float64(max(r.Claims, 1)), float64(r.Tasks)/float64(max(r.Completes, 1)), r.MaxRunning, r.MaxRunningPerKey)
 	if r.Limit > 0 && r.MaxRunningPerKey > r.Limit {
 		return r, fmt.Errorf("limit %d exceeded: %d attempts of one key overlapped", r.Limit, r.MaxRunningPerKey)
@@ -176,13 +297,29 @@ func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputRes
 	return r, nil
 }
 
+// suffix numbers the i-th of n files ("" when there is one).
+func suffix(i, n int) string {
+	if n == 1 {
+		return ""
+	}
+	return strconv.Itoa(i + 1)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 // readBack computes the rate from the tasks' rows, and checks every task
 // succeeded once.
-func (r *ThroughputResult) readBack(ctx context.Context, e *env, queue string) error {
+func (r *ThroughputResult) readBack(ctx context.Context, e *env, queues []string) error {
+	in, args := e.in(queues)
 	var ok, first, last, retried int64
 	err := e.db.QueryRowContext(ctx, e.q(`SELECT count(*), coalesce(min(started_at), 0), coalesce(max(finished_at), 0),
 		count(*) FILTER (WHERE attempt <> 1), count(DISTINCT started_at), count(DISTINCT finished_at)
-		FROM tasks WHERE queue = ? AND state = 'succeeded'`), queue).Scan(&ok, &first, &last, &retried, &r.Claims, &r.Completes)
+		FROM tasks WHERE queue IN (`+in+`) AND state = 'succeeded'`), args...).Scan(&ok, &first, &last, &retried, &r.Claims, &r.Completes)
 	if err != nil {
 		return fmt.Errorf("reading results: %w", err)
 	}
@@ -193,20 +330,21 @@ func (r *ThroughputResult) readBack(ctx context.Context, e *env, queue string) e
 	if r.Seconds > 0 {
 		r.TasksPerSec = float64(r.Tasks) / r.Seconds
 	}
-	spans := map[string][]span{}
+	type subqueue struct{ queue, key string }
+	spans := map[subqueue][]span{}
 	var all []span
-	rows, err := e.db.QueryContext(ctx, e.q(`SELECT ckey, started_at, finished_at FROM tasks WHERE queue = ? AND state = 'succeeded'`), queue)
+	rows, err := e.db.QueryContext(ctx, e.q(`SELECT queue, ckey, started_at, finished_at FROM tasks WHERE queue IN (`+in+`) AND state = 'succeeded'`), args...)
 	if err != nil {
 		return fmt.Errorf("reading results: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var key string
+		var sq subqueue
 		var s span
-		if err := rows.Scan(&key, &s.start, &s.finish); err != nil {
+		if err := rows.Scan(&sq.queue, &sq.key, &s.start, &s.finish); err != nil {
 			return err
 		}
-		spans[key] = append(spans[key], s)
+		spans[sq] = append(spans[sq], s)
 		all = append(all, s)
 	}
 	if err := rows.Err(); err != nil {

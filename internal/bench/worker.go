@@ -27,6 +27,11 @@ type WorkerSpec struct {
 	ResultLinger time.Duration
 	// Kinds the worker handles, of the built-in ones; default echo.
 	Kinds []string
+	// EchoAs are more kinds the worker handles with the echo handler:
+	// each queue of a Config.Queues run has a kind of its own, so that
+	// its tasks go to its replica's worker. A worker process then runs
+	// as `sluice bench worker --echo-as …`.
+	EchoAs []string
 	// CPUProfile, when set and the worker is a process, is where it
 	// writes its CPU profile.
 	CPUProfile string
@@ -90,6 +95,9 @@ func (w inProcess) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error)
 	handlers := map[string]sluice.HandlerFunc{}
 	for _, k := range spec.kinds() {
 		handlers[k] = builtins[k]
+	}
+	for _, k := range spec.EchoAs {
+		handlers[k] = builtins["echo"]
 	}
 	stop := runInProcess(ctx, b, spec, w.log, handlers)
 	return func() (time.Duration, error) { return 0, stop() }, nil
@@ -156,6 +164,12 @@ func (p process) String() string { return "separate process: sluice worker over 
 func (p process) Start(ctx context.Context, spec WorkerSpec) (StopFunc, error) {
 	cmd := exec.Command(p.exe, "worker", "--server", spec.URL, "--slots", strconv.Itoa(spec.Slots),
 		"--kinds", strings.Join(spec.kinds(), ","), "--claim-batch", strconv.Itoa(spec.ClaimBatch), "--log-level", "warn", "--name", "bench")
+	if len(spec.EchoAs) > 0 {
+		// `sluice worker` runs built-in kinds only; `sluice bench worker`
+		// is the same command with --echo-as.
+		cmd.Args = append([]string{p.exe, "bench"}, cmd.Args[1:]...)
+		cmd.Args = append(cmd.Args, "--echo-as", strings.Join(spec.EchoAs, ","))
+	}
 	switch {
 	case spec.ResultLinger < 0:
 		cmd.Args = append(cmd.Args, "--result-linger", "0") // off
@@ -240,6 +254,31 @@ func (b *tailBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return strings.TrimSpace(b.buf.String())
+}
+
+// startWorkerSets starts n workers of each spec; the stop function stops
+// them all and adds up their CPU time.
+func startWorkerSets(ctx context.Context, ws WorkerStarter, specs []WorkerSpec, n int) (StopFunc, error) {
+	stops := make([]StopFunc, 0, len(specs))
+	stopAll := func() (time.Duration, error) {
+		var cpu time.Duration
+		var errs []error
+		for _, stop := range stops {
+			c, err := stop()
+			cpu += c
+			errs = append(errs, err)
+		}
+		return cpu, errors.Join(errs...)
+	}
+	for _, spec := range specs {
+		stop, err := startWorkers(ctx, ws, spec, n)
+		if err != nil {
+			_, _ = stopAll()
+			return nil, err
+		}
+		stops = append(stops, stop)
+	}
+	return stopAll, nil
 }
 
 // startWorkers starts n workers of spec; the stop function stops them all

@@ -1,0 +1,175 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/store/pgtest"
+	"github.com/sluice-dev/sluice/internal/testutil"
+)
+
+// Two replicas on one schema, two queues, the servers behind the latency
+// proxy: every run drains within its limits, each queue's tasks on the
+// worker of its replica, and the scaling table adds up. ((a) runs in
+// TestBenchReplicasCommandPostgres, through the flags.)
+func TestBenchReplicasPostgres(t *testing.T) {
+	t.Parallel()
+	var out testutil.SyncBuffer
+	cfg := Config{
+		DB: pgtest.BaseURL(t), Replicas: []int{1, 2}, Queues: 2, DBLatency: 100 * time.Microsecond,
+		Only: []string{ScenarioLimited}, Tasks: 200, Slots: 50, ClaimBatch: 20, Limit: 10, Keys: 10,
+		Worker: Embedded(slog.New(slog.DiscardHandler)), Timeout: time.Minute, Progress: &out,
+	}
+	res, err := Run(context.Background(), cfg)
+	require.NoError(t, err, out.String())
+	require.Empty(t, res.Throughput, "the replica runs replace (a) and (b)")
+	s := res.Scaling
+	require.NotNil(t, s)
+	require.Equal(t, 1, s.Base)
+	require.Equal(t, "100µs", s.DBLatency)
+	require.Len(t, s.Runs, 4) // 2 shapes of (b) × 2 counts × 1 round
+	for _, r := range s.Runs {
+		require.Equal(t, 200, r.Tasks, r.Label)
+		require.Equal(t, 2, r.Queues, r.Label)
+		require.Positive(t, r.TasksPerSec, r.Label)
+		require.Positive(t, r.DBRoundTripsPerTask, "%s: the servers' traffic went through the proxy", r.Label)
+		require.Zero(t, r.WriteRetries, r.Label)
+		switch r.Shape {
+		case Limited:
+			require.LessOrEqual(t, r.MaxRunningPerKey, 10, "queue limit exceeded")
+		case Keyed:
+			require.Equal(t, 1, r.MaxRunningPerKey, "key limit exceeded")
+		}
+	}
+	require.Len(t, s.Rows, 4)
+	for _, row := range s.Rows {
+		require.Len(t, row.TasksPerSec, 1)
+		require.Len(t, row.Ratio, 1)
+		if row.Replicas == 1 {
+			require.InDelta(t, 1, row.MedianRatio, 1e-9)
+		}
+	}
+	require.Equal(t, []int{1, 2}, []int{s.Rows[0].Replicas, s.Rows[1].Replicas})
+	md := res.Markdown("")
+	for _, want := range []string{"- Distance to PostgreSQL: 100µs each way", "| (b) 2 queues of limit 10 | 2 |", "| (b) 2 queues of limit 10 | 1 |",
+		"(b) 2 queues of 10 keys, limit 1 each", "not counted by the store"} {
+		require.Contains(t, md, want)
+	}
+	require.NotContains(t, md, "| Measure | Result", "no measure ran outside the replica table")
+	// The lines ../shared/bench16/run.sh picks out of the progress.
+	require.Regexp(t, `(?m)^bench:   \(b\) 2 queues of limit 10, 2 replicas: \d+ tasks/s`, out.String())
+}
+
+// A queue of its own kind per queue, queue i on replica i mod N.
+func TestBenchThroughputQueues(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Tasks: 10, Queues: 1}
+	require.Equal(t, []benchQueue{{name: "bench-noop", kind: "echo", tasks: 10}}, throughputQueues(&cfg, Noop, 1))
+	cfg.Queues = 3
+	require.Equal(t, []benchQueue{
+		{name: "bench-limited-0", kind: "echo-q0", tasks: 4, replica: 0},
+		{name: "bench-limited-1", kind: "echo-q1", tasks: 3, replica: 1},
+		{name: "bench-limited-2", kind: "echo-q2", tasks: 3, replica: 0},
+	}, throughputQueues(&cfg, Limited, 2))
+}
+
+// Ratios are taken within a round; rows come by shape, then by count as
+// listed.
+func TestBenchScalingSummary(t *testing.T) {
+	t.Parallel()
+	run := func(shape Shape, n, round int, tps, pg float64) *ThroughputResult {
+		return &ThroughputResult{Shape: shape, Replicas: n, Round: round, TasksPerSec: tps, PostgresCPUPerTask: pg, scenario: string(shape), Deadlocks: 1}
+	}
+	s := &ScalingResult{Replicas: []int{2, 1}, Base: 1, Rounds: 2, DBLatency: "0s", Runs: []*ThroughputResult{
+		run(Noop, 2, 1, 300, 10), run(Noop, 1, 1, 100, 20),
+		run(Noop, 2, 2, 1000, 30), run(Noop, 1, 2, 500, 40),
+	}}
+	s.summarise()
+	require.Len(t, s.Rows, 2)
+	two, one := s.Rows[0], s.Rows[1]
+	require.Equal(t, 2, two.Replicas)
+	require.Equal(t, []float64{300, 1000}, two.TasksPerSec)
+	require.Equal(t, []float64{3, 2}, two.Ratio)
+	require.InDelta(t, 2.5, two.MedianRatio, 1e-9)
+	require.InDelta(t, 650, two.MedianTasksPerSec, 1e-9)
+	require.InDelta(t, 20, two.PostgresCPUPerTask, 1e-9)
+	require.Equal(t, int64(2), two.Deadlocks)
+	require.Equal(t, []float64{1, 1}, one.Ratio)
+	var b strings.Builder
+	s.markdown(func(format string, args ...any) {
+		b.WriteString(strings.TrimSpace(fmt.Sprintf(format, args...)) + "\n")
+	})
+	require.Contains(t, b.String(), "| noop | 2 | 300, 1,000 | 3.00, 2.00 | × 2.50 |")
+	require.Contains(t, b.String(), "direct; 2 rounds")
+}
+
+func TestBenchReplicaValidation(t *testing.T) {
+	t.Parallel()
+	pg := "postgres://u@127.0.0.1:5432/db"
+	for _, tt := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Replicas: []int{1, 2}}, "replicas: needs a PostgreSQL db"},
+		{Config{DB: pg, Replicas: []int{0}}, "replicas: each count must be between 1 and 32, got 0"},
+		{Config{DB: pg, Replicas: []int{2, 2}}, "replicas: 2 listed twice"},
+		{Config{DB: pg, Replicas: []int{1, 4}, Queues: 2}, "queues: must be at least the largest replica count (4)"},
+		{Config{DB: pg, Queues: -1}, "queues: must be between 1 and 1000"},
+		{Config{DB: pg, Tasks: 3, Queues: 4}, "queues: more queues (4) than tasks (3)"},
+		{Config{DB: pg, Rounds: 3}, "rounds: repeats the replica runs"},
+		{Config{DB: pg, Replicas: []int{1}, Rounds: -1}, "rounds: must be between 1 and 100"},
+		{Config{DBLatency: time.Millisecond}, "db-latency: needs a PostgreSQL db"},
+		{Config{DB: pg, DBLatency: -time.Millisecond}, "db-latency: must be between 0 (direct) and 1s"},
+		{Config{DB: "postgres:///db?host=/tmp", DBLatency: time.Millisecond}, "db-latency: want one TCP host"},
+	} {
+		require.ErrorContains(t, tt.cfg.WithDefaults().Validate(), tt.want)
+	}
+	cfg := Config{DB: pg, Replicas: []int{1, 2, 4}}.WithDefaults()
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, 4, cfg.Queues, "queues default to the largest replica count")
+	require.Equal(t, 1, cfg.Rounds)
+}
+
+func TestBenchProxyURLs(t *testing.T) {
+	t.Parallel()
+	for db, want := range map[string]string{
+		"postgres://u:pw@db.example:6543/x?sslmode=disable": "db.example:6543",
+		"postgresql://u@127.0.0.1/x":                        "127.0.0.1:5432",
+		"postgres://u@[::1]:5433/x":                         "[::1]:5433",
+	} {
+		got, err := PostgresHostPort(db)
+		require.NoError(t, err, db)
+		require.Equal(t, want, got)
+	}
+	for _, db := range []string{"mysql://h/x", "postgres:///x", "postgres://h1,h2/x", "postgres://h/x?host=/tmp"} {
+		_, err := PostgresHostPort(db)
+		require.Error(t, err, db)
+	}
+	u, err := ThroughProxy("postgres://u:pw@db.example:6543/x?sslmode=disable&search_path=s", "127.0.0.1:40000")
+	require.NoError(t, err)
+	require.Equal(t, "postgres://u:pw@127.0.0.1:40000/x?sslmode=disable&search_path=s", u)
+}
+
+// A worker process of a run with a kind per queue is `sluice bench
+// worker --echo-as …`.
+func TestBenchProcessWorkerEchoAs(t *testing.T) {
+	t.Parallel()
+	exe := filepath.Join(t.TempDir(), "fake-sluice")
+	require.NoError(t, os.WriteFile(exe, []byte("#!/bin/sh\necho \"$@\" > \"$0.args\"\ntrap 'exit 0' INT\nwhile :; do sleep 0.05; done\n"), 0o755))
+	stop, err := Process(exe).Start(context.Background(), WorkerSpec{URL: "http://127.0.0.1:1", Slots: 3, ClaimBatch: 2, EchoAs: []string{"echo-q0", "echo-q2"}})
+	require.NoError(t, err)
+	_, err = stop()
+	require.NoError(t, err)
+	args, err := os.ReadFile(exe + ".args")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(args), "bench worker --server http://127.0.0.1:1 --slots 3"), "args %q", args)
+	require.Contains(t, string(args), "--echo-as echo-q0,echo-q2")
+}
