@@ -29,7 +29,7 @@
 // timeout on, the worker's heartbeats list the task in
 // HeartbeatResult.Cancel, as for a requested cancellation; a result sent
 // after the sweep is acknowledged "stale". The Go Worker does all this;
-// examples/python/worker.py shows it for a worker in another language.
+// examples/python/sluice_worker.py shows it for a worker in another language.
 //
 // Encoding rules that hold for every type here:
 //

@@ -219,8 +219,12 @@ func TestWorkerCommandIdleExitAndMetrics(t *testing.T) {
 	wa := newTestApp(map[string]string{"SLUICE_SERVER": url, "SLUICE_WORKER_TOKEN": e2eWorkerToken})
 	exit := make(chan int, 1)
 	go func() {
+		// --max-idle well above a claim's answer time under load: a
+		// worker whose first claim is still on its way when max-idle
+		// passes stops (the claimed task is released), which is not
+		// what this test is about.
 		exit <- wa.run(context.Background(), []string{"worker", "--kinds", "sleep", "--slots", "4",
-			"--max-idle", "300ms", "--metrics-addr", "127.0.0.1:0", "--log-level", "debug"})
+			"--max-idle", "2s", "--metrics-addr", "127.0.0.1:0", "--log-level", "debug"})
 	}()
 	var metricsURL string
 	waitFor(t, "the metrics server log line", 10*time.Second, func() bool {

@@ -137,7 +137,7 @@ func (e *Engine) WaitChild(ctx context.Context, workerID string, parentID int64,
 	poll := childPollMin
 	pause := time.NewTimer(time.Hour)
 	defer pause.Stop()
-	for {
+	for first := true; ; first = false {
 		// Taken before the step, so that a wake-up during it is not lost.
 		anyEnd, readied := e.waits.broadcasts()
 		wo, o, err := cs.WaitStep(ctx, workerID, parentID, *child)
@@ -147,6 +147,13 @@ func (e *Engine) WaitChild(ctx context.Context, workerID string, parentID int64,
 		e.after(o)
 		if wo.Phase == store.WaitDone {
 			return e.waitDone(ctx, child)
+		}
+		if first {
+			// The parent waits: it no longer counts against its worker's
+			// slots, so a claim of that worker long-polling with every
+			// slot taken may take a task now (the child, say, on a worker
+			// of one slot). Nothing else wakes it: no task became ready.
+			e.disp.wakeWorker(workerID)
 		}
 		if deadline == nil {
 			return &sluice.WaitChildResult{Phase: string(wo.Phase)}, nil

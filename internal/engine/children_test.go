@@ -365,3 +365,34 @@ func TestChildExplainLentSlot(t *testing.T) {
 	require.Equal(t, fmt.Sprintf(`waiting for child %d on queue "q" (runs on the slot this task lent)`, child), f.get(parent.ID).Explain)
 	f.checkCounters()
 }
+
+// A long-poll claim of a worker whose every slot is taken wakes when a
+// parent on that worker starts to wait for a child: the parent no longer
+// counts against the worker's slots, and the child, ready since its
+// trigger on a queue of its own, goes to the waiting claim at once, not
+// when its poll ends.
+func TestChildWaitWakesWorkersClaim(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	reg, err := f.e.RegisterWorker(f.ctx, sluice.RegisterWorkerParams{Kinds: []string{"p", "c"}, Slots: 1})
+	require.NoError(t, err)
+	w := reg.ID
+	parent := f.trigger(sluice.TriggerParams{Kind: "p", Queue: "pq"})
+	f.claimOne(w, parent.ID)
+	res, _ := f.child(w, parent.ID, kindOn("c", "cq"))
+	child := res.Task.ID
+	require.Equal(t, sluice.StateReady, f.get(child).State)
+
+	const poll = 30 * time.Second
+	claim := f.parkClaim(w, poll)
+	waited := time.Now()
+	require.Equal(t, "child", f.waitChild(w, parent.ID, child, 0).Phase)
+	select {
+	case got := <-claim:
+		require.NotNil(t, got)
+		require.Len(t, got.Tasks, 1)
+		require.Equal(t, child, got.Tasks[0].ID)
+		t.Logf("the claim took the child %s after the parent's wait began", time.Since(waited).Round(time.Millisecond))
+	case <-time.After(poll / 2):
+		t.Fatalf("the long-poll claim was not woken by the parent's wait (poll %s)", poll)
+	}
+}

@@ -77,59 +77,70 @@ type Route struct {
 	Method string
 	Path   string
 	Scope  Scope
+	// Body reports whether the route reads a request body. A route
+	// without one accepts no body, or `{}` (many clients send one), and
+	// answers any other body with 400 bad_request before its handler
+	// runs, so that a stray field is never silently dropped.
+	Body   bool
 	handle func(a *api, w http.ResponseWriter, r *http.Request) error
 }
 
+// The Body column of Routes.
+const (
+	noBody   = false
+	withBody = true
+)
+
 // Routes is every route New serves. openapi.yaml documents exactly these.
 var Routes = []Route{
-	{"GET", "/healthz", ScopePublic, (*api).healthz},
-	{"GET", "/readyz", ScopePublic, (*api).readyz},
-	{"GET", "/metrics", ScopeAdmin, (*api).metrics},
+	{"GET", "/healthz", ScopePublic, noBody, (*api).healthz},
+	{"GET", "/readyz", ScopePublic, noBody, (*api).readyz},
+	{"GET", "/metrics", ScopeAdmin, noBody, (*api).metrics},
 
-	{"GET", "/v1/environment", ScopeAdmin, (*api).environment},
-	{"GET", "/v1/doctor", ScopeAdmin, (*api).doctor},
-	{"POST", "/v1/doctor/repair", ScopeAdmin, (*api).repairCounters},
+	{"GET", "/v1/environment", ScopeAdmin, noBody, (*api).environment},
+	{"GET", "/v1/doctor", ScopeAdmin, noBody, (*api).doctor},
+	{"POST", "/v1/doctor/repair", ScopeAdmin, noBody, (*api).repairCounters},
 
-	{"GET", "/v1/queues", ScopeAdmin, (*api).listQueues},
-	{"GET", "/v1/queues/{name}", ScopeAdmin, (*api).getQueue},
-	{"PUT", "/v1/queues/{name}", ScopeAdmin, (*api).putQueue},
-	{"DELETE", "/v1/queues/{name}", ScopeAdmin, (*api).deleteQueue},
-	{"POST", "/v1/queues/{name}/pause", ScopeAdmin, (*api).pauseQueue},
-	{"POST", "/v1/queues/{name}/resume", ScopeAdmin, (*api).resumeQueue},
+	{"GET", "/v1/queues", ScopeAdmin, noBody, (*api).listQueues},
+	{"GET", "/v1/queues/{name}", ScopeAdmin, noBody, (*api).getQueue},
+	{"PUT", "/v1/queues/{name}", ScopeAdmin, withBody, (*api).putQueue},
+	{"DELETE", "/v1/queues/{name}", ScopeAdmin, noBody, (*api).deleteQueue},
+	{"POST", "/v1/queues/{name}/pause", ScopeAdmin, noBody, (*api).pauseQueue},
+	{"POST", "/v1/queues/{name}/resume", ScopeAdmin, noBody, (*api).resumeQueue},
 
-	{"POST", "/v1/tasks", ScopeAdmin, (*api).trigger},
-	{"POST", "/v1/tasks/batch", ScopeAdmin, (*api).triggerBatch},
-	{"GET", "/v1/tasks", ScopeAdmin, (*api).listTasks},
-	{"GET", "/v1/tasks/{id}", ScopeAdmin, (*api).getTask},
-	{"POST", "/v1/tasks/{id}/cancel", ScopeAdmin, (*api).cancelTask},
-	{"POST", "/v1/tasks/{id}/retry", ScopeAdmin, (*api).retryTask},
+	{"POST", "/v1/tasks", ScopeAdmin, withBody, (*api).trigger},
+	{"POST", "/v1/tasks/batch", ScopeAdmin, withBody, (*api).triggerBatch},
+	{"GET", "/v1/tasks", ScopeAdmin, noBody, (*api).listTasks},
+	{"GET", "/v1/tasks/{id}", ScopeAdmin, noBody, (*api).getTask},
+	{"POST", "/v1/tasks/{id}/cancel", ScopeAdmin, noBody, (*api).cancelTask},
+	{"POST", "/v1/tasks/{id}/retry", ScopeAdmin, noBody, (*api).retryTask},
 
-	{"POST", "/v1/workflows", ScopeAdmin, (*api).applyWorkflow},
-	{"GET", "/v1/workflows", ScopeAdmin, (*api).listWorkflows},
-	{"GET", "/v1/workflows/{name}", ScopeAdmin, (*api).getWorkflow},
-	{"POST", "/v1/workflows/{name}/pause", ScopeAdmin, (*api).pauseWorkflow},
-	{"POST", "/v1/workflows/{name}/resume", ScopeAdmin, (*api).resumeWorkflow},
+	{"POST", "/v1/workflows", ScopeAdmin, withBody, (*api).applyWorkflow},
+	{"GET", "/v1/workflows", ScopeAdmin, noBody, (*api).listWorkflows},
+	{"GET", "/v1/workflows/{name}", ScopeAdmin, noBody, (*api).getWorkflow},
+	{"POST", "/v1/workflows/{name}/pause", ScopeAdmin, noBody, (*api).pauseWorkflow},
+	{"POST", "/v1/workflows/{name}/resume", ScopeAdmin, noBody, (*api).resumeWorkflow},
 
-	{"POST", "/v1/runs", ScopeAdmin, (*api).startRun},
-	{"GET", "/v1/runs", ScopeAdmin, (*api).listRuns},
-	{"GET", "/v1/runs/{id}", ScopeAdmin, (*api).getRun},
-	{"POST", "/v1/runs/{id}/cancel", ScopeAdmin, (*api).cancelRun},
-	{"POST", "/v1/runs/{id}/pause", ScopeAdmin, (*api).pauseRun},
-	{"POST", "/v1/runs/{id}/resume", ScopeAdmin, (*api).resumeRun},
+	{"POST", "/v1/runs", ScopeAdmin, withBody, (*api).startRun},
+	{"GET", "/v1/runs", ScopeAdmin, noBody, (*api).listRuns},
+	{"GET", "/v1/runs/{id}", ScopeAdmin, noBody, (*api).getRun},
+	{"POST", "/v1/runs/{id}/cancel", ScopeAdmin, noBody, (*api).cancelRun},
+	{"POST", "/v1/runs/{id}/pause", ScopeAdmin, noBody, (*api).pauseRun},
+	{"POST", "/v1/runs/{id}/resume", ScopeAdmin, noBody, (*api).resumeRun},
 
-	{"GET", "/v1/schedules", ScopeAdmin, (*api).listSchedules},
-	{"POST", "/v1/schedules/{id}/pause", ScopeAdmin, (*api).pauseSchedule},
-	{"POST", "/v1/schedules/{id}/resume", ScopeAdmin, (*api).resumeSchedule},
+	{"GET", "/v1/schedules", ScopeAdmin, noBody, (*api).listSchedules},
+	{"POST", "/v1/schedules/{id}/pause", ScopeAdmin, noBody, (*api).pauseSchedule},
+	{"POST", "/v1/schedules/{id}/resume", ScopeAdmin, noBody, (*api).resumeSchedule},
 
-	{"GET", "/v1/workers", ScopeAdmin, (*api).listWorkers},
-	{"POST", "/v1/workers", ScopeWorker, (*api).register},
-	{"DELETE", "/v1/workers/{id}", ScopeWorker, (*api).deregister},
-	{"POST", "/v1/workers/{id}/claim", ScopeWorker, (*api).claim},
-	{"POST", "/v1/workers/{id}/complete", ScopeWorker, (*api).complete},
-	{"POST", "/v1/workers/{id}/heartbeat", ScopeWorker, (*api).heartbeat},
-	{"POST", "/v1/workers/{id}/release", ScopeWorker, (*api).release},
-	{"POST", "/v1/workers/{wid}/tasks/{id}/children", ScopeWorker, (*api).triggerChild},
-	{"POST", "/v1/workers/{wid}/tasks/{id}/wait", ScopeWorker, (*api).waitChild},
+	{"GET", "/v1/workers", ScopeAdmin, noBody, (*api).listWorkers},
+	{"POST", "/v1/workers", ScopeWorker, withBody, (*api).register},
+	{"DELETE", "/v1/workers/{id}", ScopeWorker, noBody, (*api).deregister},
+	{"POST", "/v1/workers/{id}/claim", ScopeWorker, withBody, (*api).claim},
+	{"POST", "/v1/workers/{id}/complete", ScopeWorker, withBody, (*api).complete},
+	{"POST", "/v1/workers/{id}/heartbeat", ScopeWorker, withBody, (*api).heartbeat},
+	{"POST", "/v1/workers/{id}/release", ScopeWorker, withBody, (*api).release},
+	{"POST", "/v1/workers/{wid}/tasks/{id}/children", ScopeWorker, withBody, (*api).triggerChild},
+	{"POST", "/v1/workers/{wid}/tasks/{id}/wait", ScopeWorker, withBody, (*api).waitChild},
 }
 
 // Error codes the HTTP layer adds to the sluice.Code* set.
@@ -202,7 +213,8 @@ func (p *probeWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (p *probeWriter) WriteHeader(code int)        { p.code = code }
 
 // wrap adds, around one route: panic recovery, debug request logging,
-// security headers and the auth check.
+// security headers, the auth check and, for a route that takes no body,
+// the check that none came.
 func (a *api) wrap(rt Route) http.Handler {
 	pattern := rt.Method + " " + rt.Path
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -233,6 +245,12 @@ func (a *api) wrap(rt Route) http.Handler {
 			}
 			a.writeErr(sw, r, err)
 			return
+		}
+		if !rt.Body {
+			if err := refuseBody(sw, r, pattern); err != nil {
+				a.writeErr(sw, r, err)
+				return
+			}
 		}
 		if err := rt.handle(a, sw, r); err != nil {
 			a.writeErr(sw, r, err)

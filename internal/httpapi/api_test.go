@@ -28,7 +28,7 @@ const (
 func newAPI(t testing.TB, o httpapi.Options) (http.Handler, *fakeBackend) {
 	t.Helper()
 	f := &fakeBackend{}
-	return httpapi.New(f, o), f
+	return withContract(t, httpapi.New(f, o), f.injecting), f
 }
 
 // do sends one request through h. body "" sends no body.
@@ -662,7 +662,7 @@ func TestPanicIsRecovered(t *testing.T) {
 	f := &fakeBackend{claim: func(context.Context, string, sluice.ClaimParams) (*sluice.ClaimResult, error) {
 		panic("boom")
 	}}
-	h := httpapi.New(f, httpapi.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	h := withContract(t, httpapi.New(f, httpapi.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}), nil)
 	w := do(h, "POST", "/v1/workers/w1/claim", `{"max":1}`, "")
 	require.Equal(t, 500, w.Code)
 	require.Equal(t, sluice.CodeInternal, errorOf(t, w).Code)
@@ -691,7 +691,7 @@ func TestClaimLongPollEndsWithClient(t *testing.T) {
 		ended <- ctx.Err()
 		return nil, ctx.Err()
 	}}
-	srv := httptest.NewServer(httpapi.New(f, httpapi.Options{}))
+	srv := httptest.NewServer(withContract(t, httpapi.New(f, httpapi.Options{}), nil))
 	defer srv.Close()
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -444,3 +444,38 @@ func isOpt(t reflect.Type) bool {
 	return t.Kind() == reflect.Struct && t.PkgPath() == reflect.TypeFor[sluice.Strategy]().PkgPath() && strings.HasPrefix(t.Name(), "Opt[") &&
 		t.NumField() == 2 && t.Field(1).Name == "Value" && t.Field(1).Type.Kind() == reflect.Pointer
 }
+
+// maxRefusedBody bounds what refuseBody reads of a body: `{}` with room
+// for whitespace. A longer body is refused without reading it all.
+const maxRefusedBody = 1 << 10
+
+// refuseBody checks the body of a route that takes none (Route.Body
+// false): no body, whitespace or `{}` passes; anything else is a 400
+// naming the problem (the field of `{"x": 1}`), so that a client that
+// believes it sets something learns that it does not. route is the
+// route's pattern ("POST /v1/queues/{name}/pause"), for the message.
+func refuseBody(w http.ResponseWriter, r *http.Request, route string) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	body, err := readBody(w, r, maxRefusedBody)
+	if err != nil {
+		var tooLarge *errBodyTooLarge
+		if !errors.As(err, &tooLarge) {
+			return err
+		}
+		return &sluice.Error{Code: sluice.CodeBadRequest, Message: fmt.Sprintf("request body of more than %d bytes: %s takes no body; send none, or {}", maxRefusedBody, route)}
+	}
+	if len(bytes.TrimLeft(body, " \t\r\n")) == 0 {
+		return nil
+	}
+	err = decodeJSON(body, &struct{}{})
+	if err == nil {
+		return nil
+	}
+	var se *sluice.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	return &sluice.Error{Code: se.Code, Field: se.Field, Message: se.Message + " (" + route + " takes no body; send none, or {})"}
+}

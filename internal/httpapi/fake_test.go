@@ -46,6 +46,14 @@ func (f *fakeBackend) Calls() []call {
 	return append([]call(nil), f.calls...)
 }
 
+// injecting reports whether the test set err, an error every method
+// returns.
+func (f *fakeBackend) injecting() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err != nil
+}
+
 // Methods returns the names of the recorded calls.
 func (f *fakeBackend) Methods() []string {
 	var m []string
@@ -61,7 +69,7 @@ func fakeTask(id int64, kind string) *sluice.Task {
 }
 
 func fakeQueue(name string) *sluice.Queue {
-	return &sluice.Queue{Name: name, Counts: map[sluice.TaskState]int{sluice.StateQueued: 2}, CreatedAt: t0, UpdatedAt: t0}
+	return &sluice.Queue{Name: name, Strategy: sluice.StrategyQueue, Counts: map[sluice.TaskState]int{sluice.StateQueued: 2}, CreatedAt: t0, UpdatedAt: t0}
 }
 
 func (f *fakeBackend) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.Task, bool, error) {

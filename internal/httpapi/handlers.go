@@ -273,6 +273,13 @@ func (a *api) listWorkers(w http.ResponseWriter, r *http.Request) error {
 	if ws == nil {
 		ws = []sluice.WorkerInfo{}
 	}
+	for i := range ws {
+		// An array, never null, as openapi.yaml has it, whatever the
+		// backend's habit with an idle worker.
+		if ws[i].Tasks == nil {
+			ws[i].Tasks = []int64{}
+		}
+	}
 	return writeJSON(w, http.StatusOK, struct {
 		Workers []sluice.WorkerInfo `json:"workers"`
 	}{ws})

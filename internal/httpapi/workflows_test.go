@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
@@ -556,36 +557,30 @@ func TestOpenAPIWorkflowSchemas(t *testing.T) {
 }
 
 // TestOpenAPIQueryParameters: GET /v1/runs, GET /v1/workflows/{name} and GET
-// /v1/tasks document exactly the query parameters their parsers take.
+// /v1/tasks (and their HEADs) document exactly the query parameters their
+// parsers take.
 func TestOpenAPIQueryParameters(t *testing.T) {
 	t.Parallel()
-	b, err := readOpenAPI()
+	doc, err := loadKinOpenAPI()
 	require.NoError(t, err)
-	var doc struct {
-		Paths map[string]map[string]yaml.Node `yaml:"paths"`
-	}
-	require.NoError(t, yaml.Unmarshal(b, &doc))
 	for path, want := range map[string][]string{
 		"/v1/runs":             {"workflow", "state", "limit", "after"},
 		"/v1/tasks":            {"state", "queue", "kind", "concurrency_key", "run_id", "limit", "after"},
 		"/v1/workflows/{name}": {"version"},
 	} {
-		var op struct {
-			Parameters []struct {
-				Name string `yaml:"name"`
-				In   string `yaml:"in"`
-			} `yaml:"parameters"`
-		}
-		node, ok := doc.Paths[path]["get"]
-		require.True(t, ok, "GET %s is not documented", path)
-		require.NoError(t, node.Decode(&op))
-		var got []string
-		for _, p := range op.Parameters {
-			if p.In == "query" {
-				got = append(got, p.Name)
+		item := doc.Paths.Value(path)
+		require.NotNil(t, item, "%s is not documented", path)
+		for method, op := range map[string]*openapi3.Operation{"GET": item.Get, "HEAD": item.Head} {
+			require.NotNil(t, op, "%s %s is not documented", method, path)
+			var got []string
+			for _, p := range op.Parameters {
+				require.NotNil(t, p.Value, "%s %s: unresolved parameter %s", method, path, p.Ref)
+				if p.Value.In == "query" {
+					got = append(got, p.Value.Name)
+				}
 			}
+			require.ElementsMatch(t, want, got, "%s %s query parameters", method, path)
 		}
-		require.ElementsMatch(t, want, got, "GET %s query parameters", path)
 		for _, q := range want {
 			h, f := newAPI(t, httpapi.Options{})
 			w := do(h, "GET", strings.Replace(path, "{name}", "ingest", 1)+"?"+q+"=x", "", "")
