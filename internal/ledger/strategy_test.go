@@ -299,6 +299,7 @@ func runCancelInProgress(t *testing.T) {
 		overlaps atomic.Int64            // starts while a cancelled handler of the key still ran
 	)
 	running := map[string]int{}
+	finalsIn := make(chan struct{}) // closed once every final is triggered
 	for _, name := range []string{"w0", "w1"} {
 		w := sluice.NewWorker(h.b, workerConfig(name, 6))
 		w.Register("job", func(ctx context.Context, tc *sluice.TaskContext) (json.RawMessage, error) {
@@ -317,6 +318,15 @@ func runCancelInProgress(t *testing.T) {
 			var final bool
 			_ = json.Unmarshal(tc.Input, &final)
 			if final {
+				// Held until every final is triggered: a final that ended
+				// before the next one's trigger would leave a slot free,
+				// which the next takes without displacing anything (a
+				// key below its limit is not full), and a task of the
+				// concurrent phase would keep running.
+				select {
+				case <-finalsIn:
+				case <-ctx.Done():
+				}
 				work(ctx, 20*time.Millisecond)
 				finish(nil)
 				return nil, nil
@@ -368,7 +378,9 @@ func runCancelInProgress(t *testing.T) {
 	wg.Wait()
 	require.Len(t, created, goroutines*each)
 	// The last triggers of each key, one after another: they displace
-	// whatever of the concurrent phase still holds the key's slots.
+	// whatever of the concurrent phase still holds the key's slots. Their
+	// handlers wait until all are triggered, so each key stays full
+	// (cancel_in_progress cancels only in a full key).
 	finals := map[int64]string{}
 	for _, key := range keys {
 		for range strategyLimit {
@@ -378,6 +390,7 @@ func runCancelInProgress(t *testing.T) {
 			finals[task.ID] = key
 		}
 	}
+	close(finalsIn)
 	h.waitIdle(30 * time.Second)
 	// The store ended every task; the cancelled handlers learn it through
 	// the worker (its next claim or heartbeat) a little later.
