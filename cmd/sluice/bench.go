@@ -47,6 +47,7 @@ type benchFlags struct {
 	wfShapes                                        []string
 	wfBlocked                                       []int
 	replicas                                        []int
+	separate                                        bool
 	queues, rounds                                  int
 	dbLatency                                       time.Duration
 }
@@ -88,6 +89,13 @@ Replicas and distance (PostgreSQL only):
      prints a scaling table: tasks/s, the ratio to 1 replica in the same
      round, CPU per task of the servers, the workers and PostgreSQL, and
      deadlocks; --rounds R repeats it, interleaved
+  --separate  with --replicas: also runs each count N above 1 as N separate
+     deployments, right after N replicas in each round: N servers side by
+     side on the same PostgreSQL, each on a schema of its own (its own env
+     row, so no lock shared) with its own worker, queues and (with
+     --db-latency) proxy, all at once; a row "N deployments (bound)" beside
+     "N replicas": what a design whose writers share nothing but PostgreSQL
+     could reach on this machine
   --db-latency 250us  puts a proxy between every server and PostgreSQL that
      delays each direction by that much (0.5 ms round trip: a database on
      another host); the bench's own reads go direct
@@ -109,7 +117,8 @@ results section of a Markdown file such as docs/benchmarks.md.`,
   sluice bench --only a,b --tasks 50000 --claim-batch 500
   sluice bench --only d --blocked 10000,1000000 -o json
   sluice bench --only a,f --tasks 20000 --wf-blocked 10000,1000000
-  sluice bench --db postgres://postgres@127.0.0.1/postgres --only a,b --replicas 1,2 --queues 4 --rounds 3 --db-latency 250us`,
+  sluice bench --db postgres://postgres@127.0.0.1/postgres --only a,b --replicas 1,2 --queues 4 --rounds 3 --db-latency 250us
+  sluice bench --db postgres://postgres@127.0.0.1/postgres --only a,b --replicas 1,2 --separate --queues 4 --rounds 3`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(cmd.Flags())
@@ -208,12 +217,13 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.StringSliceVar(&f.dropIndexes, "drop-index", nil, "experiment: drop these indexes from each scenario's database to measure their cost")
 	_ = fs.MarkHidden("drop-index")
 	fs.IntSliceVar(&f.replicas, "replicas", nil, "run (a) and (b) on each of these numbers of servers (e.g. 1,2,4; PostgreSQL only) and print a scaling table")
+	fs.BoolVar(&f.separate, "separate", false, "with --replicas: also run each count N above 1 as N separate deployments side by side (a schema, server and worker each): the bound of a design that shares no lock")
 	fs.IntVar(&f.queues, "queues", 0, "queues (a) and (b) spread their tasks over, queue i on replica i mod N (default 1, or the largest --replicas count)")
 	fs.IntVar(&f.rounds, "rounds", 1, "with --replicas: run every count this many times, interleaved")
 	fs.DurationVar(&f.dbLatency, "db-latency", 0, "delay each direction between the servers and PostgreSQL by this much through a proxy in this process (e.g. 250us; 0 = direct)")
 	// So that a script that runs `sluice bench` with flags of its own
 	// (../shared/bench16/run.sh) can pass the replica mode through.
-	for _, name := range []string{"replicas", "queues", "rounds", "db-latency"} {
+	for _, name := range []string{"replicas", "separate", "queues", "rounds", "db-latency"} {
 		bindBenchEnv(fs, name)
 	}
 	cmd.AddCommand(a.newBenchProxyCmd(), a.newBenchWorkerCmd())
@@ -278,7 +288,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		return bench.Config{}, usagef("--queues: must be at least 1, got %d", f.queues)
 	}
 	cfg := bench.Config{
-		Replicas: f.replicas, Queues: f.queues, Rounds: f.rounds, DBLatency: f.dbLatency,
+		Replicas: f.replicas, Separate: f.separate, Queues: f.queues, Rounds: f.rounds, DBLatency: f.dbLatency,
 		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, RateLimit: f.rateLimit, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
@@ -325,7 +335,11 @@ func benchCommandLine(fs *pflag.FlagSet, fromEnv map[string]string) string {
 			return
 		}
 		if fl.Value.Type() == "bool" {
-			parts = append(parts, "--"+fl.Name)
+			if fl.Value.String() == "false" {
+				parts = append(parts, "--"+fl.Name+"=false") // --handover=false
+			} else {
+				parts = append(parts, "--"+fl.Name)
+			}
 			return
 		}
 		v := fl.Value.String()

@@ -37,6 +37,10 @@ func TestBenchReplicaFlagErrors(t *testing.T) {
 		{nil, []string{"bench", "--db", pg, "--queues", "5000"}, "--queues: must be between 1 and 1000"},
 		{nil, []string{"bench", "--db", pg, "--rounds", "3"}, "--rounds: repeats the replica runs"},
 		{nil, []string{"bench", "--db", pg, "--replicas", "1", "--rounds", "0"}, "--rounds: must be at least 1"},
+		{nil, []string{"bench", "--db", pg, "--separate"}, "--separate: runs replica counts as separate deployments; give replicas too"},
+		{nil, []string{"bench", "--db", pg, "--replicas", "1", "--separate"}, "--separate: needs a replica count above 1"},
+		{map[string]string{"SLUICE_BENCH_SEPARATE": "true"}, []string{"bench", "--db", pg}, "--separate: runs replica counts"},
+		{map[string]string{"SLUICE_BENCH_SEPARATE": "maybe"}, []string{"bench", "--db", pg, "--replicas", "1,2"}, "SLUICE_BENCH_SEPARATE: invalid value"},
 		{nil, []string{"bench", "--db-latency", "250us"}, "--db-latency: needs a PostgreSQL db"},
 		{nil, []string{"bench", "--db", pg, "--db-latency", "-1ms"}, "--db-latency: must be between 0 (direct) and 1s"},
 		{nil, []string{"bench", "--db", pg, "--db-latency", "soon"}, `invalid argument "soon" for "--db-latency"`},
@@ -69,16 +73,21 @@ func TestBenchCommandLineFromEnv(t *testing.T) {
 	t.Parallel()
 	fs := pflag.NewFlagSet("bench", pflag.ContinueOnError)
 	fs.IntSlice("replicas", nil, "")
+	fs.Bool("separate", false, "")
+	fs.Bool("handover", true, "")
 	fs.Int("tasks", 0, "")
 	fs.String("db", "", "")
-	if err := fs.Parse([]string{"--tasks", "5", "--db", "postgres://u:secret@h/db"}); err != nil {
+	if err := fs.Parse([]string{"--tasks", "5", "--db", "postgres://u:secret@h/db", "--handover=false"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := fs.Lookup("replicas").Value.Set("1,2"); err != nil {
 		t.Fatal(err)
 	}
-	got := benchCommandLine(fs, map[string]string{"replicas": "SLUICE_BENCH_REPLICAS"})
-	if want := "sluice bench --db postgres://u:xxxxx@h/db --replicas 1,2 --tasks 5"; got != want {
+	if err := fs.Lookup("separate").Value.Set("true"); err != nil {
+		t.Fatal(err)
+	}
+	got := benchCommandLine(fs, map[string]string{"replicas": "SLUICE_BENCH_REPLICAS", "separate": "SLUICE_BENCH_SEPARATE"})
+	if want := "sluice bench --db postgres://u:xxxxx@h/db --handover=false --replicas 1,2 --separate --tasks 5"; got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }

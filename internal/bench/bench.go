@@ -8,8 +8,9 @@
 // Every scenario starts its own server in-process (127.0.0.1:0, a fresh
 // SQLite file in a temporary directory) and talks to it as a worker would:
 // over HTTP. On PostgreSQL, Config.Replicas runs (a) and (b) on several
-// servers sharing one schema (scaling.go), and Config.DBLatency puts a
-// delaying proxy between the servers and the database. Times are read
+// servers sharing one schema (scaling.go), with Config.Separate also as
+// several deployments side by side (fleet.go), and Config.DBLatency puts
+// a delaying proxy between the servers and the database. Times are read
 // back from the tasks' rows, so the numbers are what the server recorded,
 // not what the harness guessed.
 package bench
@@ -123,6 +124,16 @@ type Config struct {
 	// a ratio to the first count's (1 where listed) in the same round.
 	// Empty (the default): one server, (a) and (b) as usual.
 	Replicas []int
+	// Separate, with Replicas, also runs each count N above 1 as N
+	// separate deployments, in the same rounds right after N replicas:
+	// N servers side by side on the same PostgreSQL, each on a schema of
+	// its own (its own env row, so no lock shared), with its own Workers
+	// workers, its own queues (queue i on deployment i mod N) and, with
+	// DBLatency, its own proxy, all measured together. Their tasks/s is
+	// what a perfectly partitioned design could reach on this machine:
+	// the bound of Scaling's replica rows. False (the default): replicas
+	// only.
+	Separate bool
 	// Queues is how many queues the throughput scenarios (a) and (b)
 	// split their Tasks over (round robin); with (b) each queue has the
 	// limit, or the keys, of one. With more than one, each queue's tasks
@@ -355,7 +366,8 @@ const (
 	MaxDBLatency = time.Second
 )
 
-// validateReplicas checks Replicas, Queues, Rounds and DBLatency.
+// validateReplicas checks Replicas, Separate, Queues, Rounds and
+// DBLatency.
 func (c Config) validateReplicas() error {
 	seen := map[int]bool{}
 	for _, n := range c.Replicas {
@@ -380,6 +392,10 @@ func (c Config) validateReplicas() error {
 		return fmt.Errorf("rounds: must be between 1 and %d, got %d", MaxRounds, c.Rounds)
 	case c.Rounds > 1 && len(c.Replicas) == 0:
 		return errors.New("rounds: repeats the replica runs; give replicas too (e.g. replicas 1,2)")
+	case c.Separate && len(c.Replicas) == 0:
+		return errors.New("separate: runs replica counts as separate deployments; give replicas too (e.g. replicas 1,2)")
+	case c.Separate && slices.Max(c.Replicas) < 2:
+		return errors.New("separate: needs a replica count above 1 (one deployment is one replica), e.g. replicas 1,2")
 	case c.DBLatency < 0 || c.DBLatency > MaxDBLatency:
 		return fmt.Errorf("db-latency: must be between 0 (direct) and %s, got %s", MaxDBLatency, c.DBLatency)
 	case c.DBLatency > 0 && !c.Postgres():

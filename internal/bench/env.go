@@ -441,12 +441,18 @@ func (e *env) waitDrained(ctx context.Context, cfg *Config, queue string, total 
 
 // waitAllDrained is waitDrained for several queues together.
 func (e *env) waitAllDrained(ctx context.Context, cfg *Config, queues []string, total int64, deadline time.Time) (time.Time, error) {
+	return waitUntilDrained(ctx, cfg, queues, total, deadline, func(ctx context.Context) (int64, error) { return e.activeIn(ctx, queues) })
+}
+
+// waitUntilDrained polls remaining, the unfinished tasks of queues, until
+// it is 0, as waitDrained does.
+func waitUntilDrained(ctx context.Context, cfg *Config, queues []string, total int64, deadline time.Time, remaining func(context.Context) (int64, error)) (time.Time, error) {
 	const poll = 20 * time.Millisecond
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	start, lastPrint := time.Now(), time.Now()
 	for {
-		n, err := e.activeIn(ctx, queues)
+		n, err := remaining(ctx)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("reading queues %s: %w", strings.Join(queues, ", "), err)
 		}

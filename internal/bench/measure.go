@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"time"
-
-	"github.com/sluice-dev/sluice/internal/latencyproxy"
 )
 
 // What a throughput scenario reads besides its tasks' rows, at the start
@@ -22,19 +20,31 @@ type writeRetrier interface {
 	WriteRetries() int64
 }
 
-// retriesCounted reports whether the env's store counts its retries.
-func (e *env) retriesCounted() bool {
-	_, ok := e.eng.Store().(writeRetrier)
+// retriesCounted reports whether the stores count their retries.
+func (f *fleet) retriesCounted() bool {
+	_, ok := f.envs[0].eng.Store().(writeRetrier)
 	return ok
 }
 
-// writeRetries adds up the retries of every replica's store (0 where a
+// writeRetries adds up the retries of every server's store (0 where a
 // store does not count them).
-func (e *env) writeRetries() int64 {
+func (f *fleet) writeRetries() int64 {
 	var n int64
-	for _, r := range e.replicas {
+	for _, r := range f.servers() {
 		if wr, ok := r.eng.Store().(writeRetrier); ok {
 			n += wr.WriteRetries()
+		}
+	}
+	return n
+}
+
+// roundTrips adds up the chunks the servers sent through their proxies
+// (one for the replicas of an env, one per deployment).
+func (f *fleet) roundTrips() int64 {
+	var n int64
+	for _, e := range f.envs {
+		if e.proxy != nil {
+			n += e.proxy.Stats().Up.Chunks
 		}
 	}
 	return n
@@ -54,23 +64,26 @@ func (e *env) deadlocks(ctx context.Context) int64 {
 
 // measure holds the readings taken as a throughput measure starts.
 type measure struct {
-	e                   *env
+	f                   *fleet
 	pg                  *pgCPU
 	pg0                 pgCPUReading
-	proxy0              latencyproxy.Stats
+	trips0              int64
 	deadlocks0, retries int64
 }
 
 // startMeasure takes the readings a throughput measure compares against
-// at its end: PostgreSQL's CPU, the proxy's counts, deadlocks, retries.
-func (e *env) startMeasure(ctx context.Context) *measure {
-	m := &measure{e: e, deadlocks0: e.deadlocks(ctx), retries: e.writeRetries()}
+// at its end: PostgreSQL's CPU (the backends of every env's servers),
+// the proxies' counts, deadlocks, retries.
+func (f *fleet) startMeasure(ctx context.Context) *measure {
+	e := f.envs[0]
+	m := &measure{f: f, deadlocks0: e.deadlocks(ctx), retries: f.writeRetries(), trips0: f.roundTrips()}
 	if e.postgres {
-		m.pg = newPGCPU(ctx, e.db, e.appName)
+		apps := make([]string, len(f.envs))
+		for i, e := range f.envs {
+			apps[i] = e.appName
+		}
+		m.pg = newPGCPU(ctx, e.db, apps...)
 		m.pg0 = m.pg.read(ctx)
-	}
-	if e.proxy != nil {
-		m.proxy0 = e.proxy.Stats()
 	}
 	return m
 }
@@ -83,9 +96,9 @@ func (m *measure) finish(ctx context.Context, r *ThroughputResult) {
 		backends, all := m.pg.read(ctx).since(m.pg0)
 		r.PostgresCPUPerTask, r.PostgresAllCPUPerTask = per(backends), per(all)
 	}
-	if p := m.e.proxy; p != nil {
-		r.DBRoundTripsPerTask = float64(p.Stats().Up.Chunks-m.proxy0.Up.Chunks) / float64(r.Tasks)
+	if m.f.envs[0].proxy != nil {
+		r.DBRoundTripsPerTask = float64(m.f.roundTrips()-m.trips0) / float64(r.Tasks)
 	}
-	r.Deadlocks = m.e.deadlocks(ctx) - m.deadlocks0
-	r.WriteRetries = m.e.writeRetries() - m.retries
+	r.Deadlocks = m.f.envs[0].deadlocks(ctx) - m.deadlocks0
+	r.WriteRetries = m.f.writeRetries() - m.retries
 }

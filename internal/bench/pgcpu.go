@@ -14,8 +14,8 @@ import (
 // from /proc, when PostgreSQL runs on this machine (Linux):
 //
 //   - backends: the backend processes serving this scenario's servers,
-//     found by their application_name (env.appName) in pg_stat_activity
-//     at each reading; a backend that starts between two readings counts
+//     found by their application_name (env.appName, one per env of the
+//     run) in pg_stat_activity at each reading; a backend that starts between two readings counts
 //     in full, one that ends is lost (the servers' pools keep theirs).
 //   - all: every process of the PostgreSQL server, the postmaster's own
 //     time plus its children's (backends of every database and session,
@@ -27,7 +27,7 @@ import (
 // each reading is good to 10 ms a process.
 type pgCPU struct {
 	db         *sql.DB
-	appName    string
+	appNames   []string
 	postmaster int // 0: PostgreSQL is not a process of this machine
 }
 
@@ -40,8 +40,8 @@ type pgCPUReading struct {
 // newPGCPU finds the postmaster through the side connection's own
 // backend; where that is not a local postgres process, readings are
 // empty.
-func newPGCPU(ctx context.Context, db *sql.DB, appName string) *pgCPU {
-	p := &pgCPU{db: db, appName: appName}
+func newPGCPU(ctx context.Context, db *sql.DB, appNames ...string) *pgCPU {
+	p := &pgCPU{db: db, appNames: appNames}
 	var pid int
 	if err := db.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return p
@@ -64,8 +64,11 @@ func (p *pgCPU) read(ctx context.Context) pgCPUReading {
 	if !p.ok() {
 		return r
 	}
-	rows, err := p.db.QueryContext(ctx, `SELECT pid FROM pg_stat_activity WHERE starts_with(application_name, $1)`, p.appName)
-	if err == nil {
+	for _, app := range p.appNames {
+		rows, err := p.db.QueryContext(ctx, `SELECT pid FROM pg_stat_activity WHERE starts_with(application_name, $1)`, app)
+		if err != nil {
+			continue
+		}
 		for rows.Next() {
 			var pid int
 			if rows.Scan(&pid) == nil {

@@ -68,6 +68,92 @@ func TestBenchReplicasPostgres(t *testing.T) {
 	require.Regexp(t, `(?m)^bench:   \(b\) 2 queues of limit 10, 2 replicas: \d+ tasks/s`, out.String())
 }
 
+// Two deployments side by side (Config.Separate), each behind its own
+// proxy: the run drains, the table has a bound row beside the replica
+// rows, and the bound's ratio is to 1 replica of the same round.
+func TestBenchSeparatePostgres(t *testing.T) {
+	t.Parallel()
+	var out testutil.SyncBuffer
+	cfg := Config{
+		DB: pgtest.BaseURL(t), Replicas: []int{1, 2}, Separate: true, Queues: 2, DBLatency: 100 * time.Microsecond,
+		Only: []string{ScenarioNoop}, Tasks: 200, Slots: 50, ClaimBatch: 20,
+		Worker: Embedded(slog.New(slog.DiscardHandler)), Timeout: time.Minute, Progress: &out,
+	}
+	res, err := Run(context.Background(), cfg)
+	require.NoError(t, err, out.String())
+	s := res.Scaling
+	require.NotNil(t, s)
+	require.True(t, s.Separate)
+	require.Len(t, s.Runs, 3) // 1 replica, 2 replicas, 2 deployments
+	sep := s.Runs[2]
+	require.True(t, sep.Separate)
+	require.Equal(t, 2, sep.Replicas)
+	require.Len(t, sep.DeploymentTasksPerSec, 2, "each deployment's own rate")
+	for _, v := range sep.DeploymentTasksPerSec {
+		require.Positive(t, v)
+	}
+	require.InDelta(t, sep.DeploymentTasksPerSec[0]+sep.DeploymentTasksPerSec[1], sep.SummedTasksPerSec, 1e-6)
+	require.GreaterOrEqual(t, sep.SummedTasksPerSec, sep.TasksPerSec*0.999, "each deployment's span lies within the whole")
+	for _, r := range s.Runs {
+		require.Equal(t, 200, r.Tasks, r.Label)
+		require.Positive(t, r.TasksPerSec, r.Label)
+		require.Positive(t, r.DBRoundTripsPerTask, "%s: the servers' traffic went through the proxies", r.Label)
+		require.LessOrEqual(t, r.MaxRunning, 2*50, r.Label)
+	}
+	require.Len(t, s.Rows, 3)
+	one, two, bound := s.Rows[0], s.Rows[1], s.Rows[2]
+	require.False(t, one.Separate)
+	require.False(t, two.Separate)
+	require.True(t, bound.Separate)
+	require.Equal(t, 2, bound.Replicas)
+	require.Len(t, bound.Ratio, 1)
+	require.InDelta(t, bound.TasksPerSec[0]/one.TasksPerSec[0], bound.Ratio[0], 1e-9, "the bound divides by 1 replica")
+	require.Len(t, bound.SummedTasksPerSec, 1)
+	md := res.Markdown("")
+	for _, want := range []string{"| (a) unbounded, 2 queues | 1 |", "| (a) unbounded, 2 queues | 2 |", "| (a) unbounded, 2 queues | 2 deployments (bound) |",
+		"N deployments (bound): N servers side by side", "per replica and per deployment"} {
+		require.Contains(t, md, want)
+	}
+	require.Regexp(t, `(?m)^bench:   \(a\) unbounded, 2 queues, 2 deployments \(bound\): \d+ tasks/s`, out.String())
+}
+
+// Separate deployments are envs of their own: a schema, server and
+// standby worker each, queue i on deployment i mod N; replicas share one.
+func TestBenchFleetPostgres(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := Config{DB: pgtest.BaseURL(t), Replicas: []int{2}, Queues: 3, Tasks: 30, Logger: slog.New(slog.DiscardHandler)}.WithDefaults()
+	queues := throughputQueues(&cfg, Noop, 2)
+	for _, separate := range []bool{false, true} {
+		f, err := newFleet(ctx, &cfg, Noop, 2, separate, queues)
+		require.NoError(t, err)
+		servers := f.servers()
+		require.Len(t, servers, 2)
+		if separate {
+			require.Len(t, f.envs, 2)
+			require.NotEqual(t, f.envs[0].schema, f.envs[1].schema)
+			require.NotEqual(t, f.envs[0].appName, f.envs[1].appName)
+			for i, e := range f.envs {
+				require.Len(t, e.replicas, 1)
+				require.Same(t, e.replicas[0], servers[i])
+			}
+		} else {
+			require.Len(t, f.envs, 1)
+			require.Len(t, f.envs[0].replicas, 2)
+		}
+		for _, q := range queues {
+			require.Same(t, f.envs[min(q.replica, len(f.envs)-1)], f.envOf(q), q.name)
+		}
+		groups := f.byEnv(queues)
+		require.Len(t, groups, len(f.envs))
+		if separate {
+			require.Equal(t, []string{"bench-noop-0", "bench-noop-2"}, groups[0].queues)
+			require.Equal(t, []string{"bench-noop-1"}, groups[1].queues)
+		}
+		require.NoError(t, f.close())
+	}
+}
+
 // A queue of its own kind per queue, queue i on replica i mod N.
 func TestBenchThroughputQueues(t *testing.T) {
 	t.Parallel()
@@ -79,6 +165,32 @@ func TestBenchThroughputQueues(t *testing.T) {
 		{name: "bench-limited-1", kind: "echo-q1", tasks: 3, replica: 1},
 		{name: "bench-limited-2", kind: "echo-q2", tasks: 3, replica: 0},
 	}, throughputQueues(&cfg, Limited, 2))
+}
+
+// The bound rows of Config.Separate divide by the replica base of their
+// round, and follow their count's replica row.
+func TestBenchScalingSummarySeparate(t *testing.T) {
+	t.Parallel()
+	run := func(n, round int, separate bool, tps float64) *ThroughputResult {
+		r := &ThroughputResult{Shape: Noop, Replicas: n, Round: round, Separate: separate, TasksPerSec: tps, scenario: "noop"}
+		if separate {
+			r.SummedTasksPerSec = tps * 1.1
+		}
+		return r
+	}
+	s := &ScalingResult{Replicas: []int{1, 2}, Base: 1, Rounds: 1, DBLatency: "0s", Separate: true, Runs: []*ThroughputResult{
+		run(1, 1, false, 100), run(2, 1, false, 80), run(2, 1, true, 150),
+	}}
+	s.summarise()
+	require.Len(t, s.Rows, 3)
+	require.Equal(t, []bool{false, false, true}, []bool{s.Rows[0].Separate, s.Rows[1].Separate, s.Rows[2].Separate})
+	require.Equal(t, []float64{0.8}, s.Rows[1].Ratio)
+	require.Equal(t, []float64{1.5}, s.Rows[2].Ratio)
+	require.InDelta(t, 165, s.Rows[2].MedianSummedTasksPerSec, 1e-9)
+	var b strings.Builder
+	s.markdown(func(format string, args ...any) { fmt.Fprintf(&b, format, args...) })
+	require.Contains(t, b.String(), "| noop | 2 deployments (bound) | 150 | 1.50 | × 1.50 |")
+	require.Contains(t, b.String(), "noop, 2 deployments: 165")
 }
 
 // Ratios are taken within a round; rows come by shape, then by count as
@@ -125,6 +237,8 @@ func TestBenchReplicaValidation(t *testing.T) {
 		{Config{DB: pg, Queues: -1}, "queues: must be between 1 and 1000"},
 		{Config{DB: pg, Tasks: 3, Queues: 4}, "queues: more queues (4) than tasks (3)"},
 		{Config{DB: pg, Rounds: 3}, "rounds: repeats the replica runs"},
+		{Config{DB: pg, Separate: true}, "separate: runs replica counts as separate deployments; give replicas too"},
+		{Config{DB: pg, Replicas: []int{1}, Separate: true}, "separate: needs a replica count above 1"},
 		{Config{DB: pg, Replicas: []int{1}, Rounds: -1}, "rounds: must be between 1 and 100"},
 		{Config{DBLatency: time.Millisecond}, "db-latency: needs a PostgreSQL db"},
 		{Config{DB: pg, DBLatency: -time.Millisecond}, "db-latency: must be between 0 (direct) and 1s"},
@@ -134,6 +248,7 @@ func TestBenchReplicaValidation(t *testing.T) {
 	}
 	cfg := Config{DB: pg, Replicas: []int{1, 2, 4}}.WithDefaults()
 	require.NoError(t, cfg.Validate())
+	require.NoError(t, Config{DB: pg, Replicas: []int{2}, Separate: true}.WithDefaults().Validate())
 	require.Equal(t, 4, cfg.Queues, "queues default to the largest replica count")
 	require.Equal(t, 1, cfg.Rounds)
 }

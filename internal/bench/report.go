@@ -118,7 +118,11 @@ func (r *Results) Markdown(command string) string {
 	}
 	switch {
 	case r.Scaling != nil:
-		p("- Workers ((a), (b)): %d × %s per replica, %d slots each, claim batch %d, result linger %s\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
+		per := "replica"
+		if r.Scaling.Separate {
+			per = "replica and per deployment"
+		}
+		p("- Workers ((a), (b)): %d × %s per %s, %d slots each, claim batch %d, result linger %s\n", r.Workers, r.Worker, per, r.Slots, r.ClaimBatch, r.ResultLinger)
 	case r.Workers > 1:
 		p("- Workers ((a), (b)): %d × %s, %d slots each, claim batch %d, result linger %s\n", r.Workers, r.Worker, r.Slots, r.ClaimBatch, r.ResultLinger)
 	default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -41,6 +42,16 @@ type ThroughputResult struct {
 	// servers, and which round of Config.Rounds (from 1).
 	Replicas int `json:"replicas,omitempty"`
 	Round    int `json:"round,omitempty"`
+	// Separate is set on a run of Config.Separate: the Replicas servers
+	// were that many deployments side by side, each on a schema of its
+	// own with its own worker, not replicas of one schema.
+	// DeploymentTasksPerSec then has each deployment's own tasks/s (its
+	// tasks over its own first start → last finish), and
+	// SummedTasksPerSec their sum; TasksPerSec is, as for replicas, all
+	// the tasks over the first start → last finish of any.
+	Separate              bool      `json:"separate,omitempty"`
+	DeploymentTasksPerSec []float64 `json:"deployment_tasks_per_sec,omitempty"`
+	SummedTasksPerSec     float64   `json:"summed_tasks_per_sec,omitempty"`
 
 	EnqueueSeconds float64 `json:"enqueue_seconds"`
 	EnqueuePerSec  float64 `json:"enqueue_per_sec"`
@@ -95,7 +106,7 @@ type ThroughputResult struct {
 	MaxRunning       int `json:"max_running"`
 	MaxRunningPerKey int `json:"max_running_per_key"`
 
-	// scenario is Label without the replica count; retriesCounted says
+	// scenario is Label without the server count; retriesCounted says
 	// whether the store counted WriteRetries (writeRetrier).
 	scenario       string
 	retriesCounted bool
@@ -126,7 +137,7 @@ func (s Shape) label(cfg *Config) string {
 // starts the worker and measures how fast they complete. It runs one
 // server; RunScaling runs it on several.
 func RunThroughput(ctx context.Context, cfg Config, shape Shape) (*ThroughputResult, error) {
-	return runThroughput(ctx, cfg, shape, 0, 0)
+	return runThroughput(ctx, cfg, shape, 0, 0, false)
 }
 
 // benchQueue is one queue of a throughput scenario.
@@ -137,9 +148,9 @@ type benchQueue struct {
 }
 
 // throughputQueues splits cfg.Tasks over cfg.Queues queues, queue i on
-// replica i mod replicas. One queue keeps the names of old (bench-SHAPE,
-// kind echo); with more, each has a kind of its own, echo-qI, so that
-// its tasks go to its replica's worker only.
+// replica (or deployment) i mod replicas. One queue keeps the names of
+// old (bench-SHAPE, kind echo); with more, each has a kind of its own,
+// echo-qI, so that its tasks go to its replica's worker only.
 func throughputQueues(cfg *Config, shape Shape, replicas int) []benchQueue {
 	if cfg.Queues <= 1 {
 		return []benchQueue{{name: "bench-" + string(shape), kind: "echo", tasks: cfg.Tasks}}
@@ -158,37 +169,33 @@ func throughputQueues(cfg *Config, shape Shape, replicas int) []benchQueue {
 }
 
 // runThroughput is RunThroughput on replicas servers (0: one, not a
-// Config.Replicas run), as round round of a RunScaling.
-func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round int) (*ThroughputResult, error) {
+// Config.Replicas run), as round round of a RunScaling: replicas of one
+// schema, or with separate that many deployments side by side (fleet).
+func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round int, separate bool) (*ThroughputResult, error) {
 	cfg, ctx, cancel, err := begin(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	r := &ThroughputResult{Shape: shape, Label: shape.label(&cfg), Tasks: cfg.Tasks, Replicas: replicas, Round: round}
+	r := &ThroughputResult{Shape: shape, Label: shape.label(&cfg), Tasks: cfg.Tasks, Replicas: replicas, Round: round, Separate: separate}
 	r.scenario = r.Label
 	if cfg.Queues > 1 {
 		r.Queues = cfg.Queues
 	}
 	if replicas > 0 {
-		r.Label += fmt.Sprintf(", %d %s", replicas, plural(replicas, "replica", "replicas"))
+		r.Label += ", " + serversLabel(replicas, separate)
 	}
 	n := max(replicas, 1)
 	cfg.progress("%s: %d no-op tasks, %d × %d worker(s) of %d slots, claim batch %d", r.Label, cfg.Tasks, n, cfg.Workers, cfg.Slots, cfg.ClaimBatch)
 
 	queues := throughputQueues(&cfg, shape, n)
-	var kinds []string
-	for _, q := range queues {
-		if q.kind != "echo" {
-			kinds = append(kinds, q.kind)
-		}
-	}
-	e, err := newEnv(ctx, &cfg, string(shape), envOptions{replicas: n, kinds: kinds})
+	f, err := newFleet(ctx, &cfg, shape, n, separate, queues)
 	if err != nil {
 		return nil, err
 	}
-	defer e.close()
+	defer f.close()
+	servers := f.servers()
 
 	var key func(int) string
 	switch shape {
@@ -200,7 +207,7 @@ func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round
 	}
 	t0 := time.Now()
 	for _, q := range queues {
-		rep := e.replicas[q.replica]
+		rep := servers[q.replica]
 		if r.Limit > 0 {
 			r.Handover = cfg.LimitedHandover
 			if _, err := rep.eng.PutQueue(ctx, q.name, sluice.QueueParams{ConcurrencyLimit: sluice.Set(r.Limit), Handover: sluice.Set(r.Handover)}); err != nil {
@@ -208,26 +215,24 @@ func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round
 			}
 		}
 		tmpl := sluice.TriggerParams{Kind: q.kind, Queue: q.name, MaxAttempts: 1}
-		if _, err := e.enqueueOn(ctx, rep.eng, &cfg, tmpl, q.tasks, key); err != nil {
+		if _, err := f.envOf(q).enqueueOn(ctx, rep.eng, &cfg, tmpl, q.tasks, key); err != nil {
 			return nil, err
 		}
 	}
 	took := time.Since(t0)
-	if err := e.checkpoint(ctx); err != nil {
+	if err := f.checkpoint(ctx); err != nil {
 		return nil, err
 	}
 	r.EnqueueSeconds = took.Seconds()
 	r.EnqueuePerSec = float64(cfg.Tasks) / took.Seconds()
 	cfg.progress("  enqueued %d in %.2fs (%.0f/s, Engine.TriggerMany of %d)", cfg.Tasks, r.EnqueueSeconds, r.EnqueuePerSec, cfg.EnqueueBatch)
 
-	// One set of workers per replica, serving its queues' kinds.
+	// One set of workers per server, serving its queues' kinds.
 	specs := make([]WorkerSpec, n)
-	for i, rep := range e.replicas {
+	for i, rep := range servers {
 		specs[i] = WorkerSpec{URL: rep.url, Backend: rep.srv.Backend(), Slots: cfg.Slots, ClaimBatch: cfg.ClaimBatch, ResultLinger: cfg.ResultLinger}
 	}
-	names := make([]string, len(queues))
-	for i, q := range queues {
-		names[i] = q.name
+	for _, q := range queues {
 		if q.kind != "echo" {
 			specs[q.replica].EchoAs = append(specs[q.replica].EchoAs, q.kind)
 		}
@@ -235,7 +240,10 @@ func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round
 	var stopProfile func() error
 	if cfg.CPUProfile != "" {
 		prefix := cfg.CPUProfile + "-" + string(shape)
-		if replicas > 0 {
+		switch {
+		case separate:
+			prefix += fmt.Sprintf("-d%d-%d", replicas, round)
+		case replicas > 0:
 			prefix += fmt.Sprintf("-r%d-%d", replicas, round)
 		}
 		for i := range specs {
@@ -247,8 +255,8 @@ func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round
 	} else {
 		stopProfile, _ = profile("")
 	}
-	r.retriesCounted = e.retriesCounted()
-	m := e.startMeasure(ctx)
+	r.retriesCounted = f.retriesCounted()
+	m := f.startMeasure(ctx)
 	if cfg.measuring != nil {
 		cfg.measuring(true)
 	}
@@ -258,7 +266,7 @@ func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round
 		_ = stopProfile()
 		return nil, err
 	}
-	done, err := e.waitAllDrained(ctx, &cfg, names, int64(cfg.Tasks), deadline)
+	done, err := f.waitDrained(ctx, &cfg, queues, int64(cfg.Tasks), deadline)
 	r.ServerCPUPerTask = float64((processCPU() - cpu0).Microseconds()) / float64(cfg.Tasks)
 	if cfg.measuring != nil {
 		cfg.measuring(false)
@@ -278,15 +286,22 @@ func runThroughput(ctx context.Context, cfg Config, shape Shape, replicas, round
 	}
 	r.WallSeconds = done.Sub(start).Seconds()
 
-	if err := r.readBack(ctx, e, names); err != nil {
+	if err := r.readBackFrom(ctx, f.byEnv(queues)); err != nil {
 		return nil, err
 	}
 	pg := ""
 	if r.PostgresCPUPerTask > 0 {
 		pg = fmt.Sprintf(" PostgreSQL %.0f (all %.0f)", r.PostgresCPUPerTask, r.PostgresAllCPUPerTask)
 	}
-	if e.proxy != nil {
+	if f.envs[0].proxy != nil {
 		pg += fmt.Sprintf("; %.3f round trips/task through the %s proxy", r.DBRoundTripsPerTask, cfg.DBLatency)
+	}
+	if separate {
+		own := make([]string, len(r.DeploymentTasksPerSec))
+		for i, v := range r.DeploymentTasksPerSec {
+			own[i] = fmt.Sprintf("%.0f", v)
+		}
+		pg += fmt.Sprintf("; each deployment's own tasks/s %s, summed %.0f", strings.Join(own, " + "), r.SummedTasksPerSec)
 	}
 	cfg.progress("  %s: %.0f tasks/s (%d tasks in %.2fs first start → last finish; wall %.2fs); CPU µs/task server %.0f worker %.0f%s; %.0f tasks/claim, %.0f/complete; at most %d running at once, %d of one key",
 		r.Label, r.TasksPerSec, r.Tasks, r.Seconds, r.WallSeconds, r.ServerCPUPerTask, r.WorkerCPUPerTask, pg,
@@ -312,16 +327,82 @@ func plural(n int, one, many string) string {
 	return many
 }
 
+// serversLabel names the servers of a Config.Replicas run: "2
+// replicas", or "2 deployments (bound)" for separate ones.
+func serversLabel(n int, separate bool) string {
+	if separate {
+		return fmt.Sprintf("%d %s (bound)", n, plural(n, "deployment", "deployments"))
+	}
+	return fmt.Sprintf("%d %s", n, plural(n, "replica", "replicas"))
+}
+
 // readBack computes the rate from the tasks' rows, and checks every task
 // succeeded once.
 func (r *ThroughputResult) readBack(ctx context.Context, e *env, queues []string) error {
-	in, args := e.in(queues)
+	return r.readBackFrom(ctx, []envQueues{{e: e, queues: queues}})
+}
+
+// readBackFrom is readBack over the queues of several envs (a fleet's):
+// the rate is all their tasks over the first start → last finish of any
+// (the servers share this machine's clock). With more than one env it
+// also sets each one's own rate, and their sum.
+func (r *ThroughputResult) readBackFrom(ctx context.Context, groups []envQueues) error {
+	type subqueue struct {
+		env        int
+		queue, key string
+	}
+	spans := map[subqueue][]span{}
+	var all []span
 	var ok, first, last, retried int64
-	err := e.db.QueryRowContext(ctx, e.q(`SELECT count(*), coalesce(min(started_at), 0), coalesce(max(finished_at), 0),
-		count(*) FILTER (WHERE attempt <> 1), count(DISTINCT started_at), count(DISTINCT finished_at)
-		FROM tasks WHERE queue IN (`+in+`) AND state = 'succeeded'`), args...).Scan(&ok, &first, &last, &retried, &r.Claims, &r.Completes)
-	if err != nil {
-		return fmt.Errorf("reading results: %w", err)
+	r.Claims, r.Completes = 0, 0
+	r.DeploymentTasksPerSec, r.SummedTasksPerSec = nil, 0
+	for gi, g := range groups {
+		if len(g.queues) == 0 {
+			continue
+		}
+		e := g.e
+		in, args := e.in(g.queues)
+		var n, f, l, re int64
+		var claims, completes int
+		err := e.db.QueryRowContext(ctx, e.q(`SELECT count(*), coalesce(min(started_at), 0), coalesce(max(finished_at), 0),
+			count(*) FILTER (WHERE attempt <> 1), count(DISTINCT started_at), count(DISTINCT finished_at)
+			FROM tasks WHERE queue IN (`+in+`) AND state = 'succeeded'`), args...).Scan(&n, &f, &l, &re, &claims, &completes)
+		if err != nil {
+			return fmt.Errorf("reading results: %w", err)
+		}
+		if n > 0 && (ok == 0 || f < first) {
+			first = f
+		}
+		last = max(last, l)
+		ok, retried = ok+n, retried+re
+		r.Claims, r.Completes = r.Claims+claims, r.Completes+completes
+		if len(groups) > 1 {
+			own := 0.0
+			if l > f {
+				own = float64(n) / (float64(l-f) / 1e6)
+			}
+			r.DeploymentTasksPerSec = append(r.DeploymentTasksPerSec, own)
+			r.SummedTasksPerSec += own
+		}
+		rows, err := e.db.QueryContext(ctx, e.q(`SELECT queue, ckey, started_at, finished_at FROM tasks WHERE queue IN (`+in+`) AND state = 'succeeded'`), args...)
+		if err != nil {
+			return fmt.Errorf("reading results: %w", err)
+		}
+		for rows.Next() {
+			sq := subqueue{env: gi}
+			var s span
+			if err := rows.Scan(&sq.queue, &sq.key, &s.start, &s.finish); err != nil {
+				rows.Close()
+				return err
+			}
+			spans[sq] = append(spans[sq], s)
+			all = append(all, s)
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return err
+		}
 	}
 	if ok != int64(r.Tasks) || retried != 0 {
 		return fmt.Errorf("%d of %d tasks succeeded, %d after more than one attempt", ok, r.Tasks, retried)
@@ -329,26 +410,6 @@ func (r *ThroughputResult) readBack(ctx context.Context, e *env, queues []string
 	r.Seconds = float64(last-first) / 1e6
 	if r.Seconds > 0 {
 		r.TasksPerSec = float64(r.Tasks) / r.Seconds
-	}
-	type subqueue struct{ queue, key string }
-	spans := map[subqueue][]span{}
-	var all []span
-	rows, err := e.db.QueryContext(ctx, e.q(`SELECT queue, ckey, started_at, finished_at FROM tasks WHERE queue IN (`+in+`) AND state = 'succeeded'`), args...)
-	if err != nil {
-		return fmt.Errorf("reading results: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var sq subqueue
-		var s span
-		if err := rows.Scan(&sq.queue, &sq.key, &s.start, &s.finish); err != nil {
-			return err
-		}
-		spans[sq] = append(spans[sq], s)
-		all = append(all, s)
-	}
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	r.MaxRunning = maxOverlap(all)
 	for _, ss := range spans {
