@@ -169,7 +169,7 @@ func TestBenchWorkerEchoAs(t *testing.T) {
 		ids = append(ids, task.ID)
 	}
 	_, stderr, code := cli(t, nil, "bench", "worker", "--server", url, "--kinds", "echo", "--echo-as", "echo-q1,echo-q3",
-		"--max-idle", "300ms", "--log-level", "warn")
+		"--max-idle", "2s", "--log-level", "warn") // max-idle above a loaded first claim's answer time
 	if code != 0 {
 		t.Fatalf("exit %d; stderr: %s", code, stderr)
 	}
