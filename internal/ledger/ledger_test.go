@@ -373,6 +373,17 @@ func TestLedgerNeverExceedsLimits(t *testing.T) {
 			require.NotNil(t, a.FinishedAt, "task %d attempt %d", id, a.Attempt)
 			k := key{TaskID: id, Attempt: a.Attempt}
 			st, ok := starts[k]
+			if !ok && nameOf(a.WorkerID) == "doomed" && strings.HasPrefix(a.Error, "lease expired") {
+				// The crashed worker had the task from a claim but had
+				// not started its handler when it went dark, and its
+				// watchdog dropped it (on a starved machine, launching
+				// a claimed task can take longer than the lease margin):
+				// as a process that dies between a claim's answer and
+				// the start, the server charges the attempt at the sweep.
+				require.Equal(t, sluice.StateFailed, a.State)
+				recovered = append(recovered, id)
+				continue
+			}
 			require.True(t, ok, "task %d attempt %d (on %s) never started in a handler", id, a.Attempt, nameOf(a.WorkerID))
 			require.Equal(t, st.Worker, nameOf(a.WorkerID), "task %d attempt %d: worker", id, a.Attempt)
 			fin, ok := finishes[k]
