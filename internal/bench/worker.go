@@ -260,16 +260,7 @@ func (b *tailBuffer) String() string {
 // them all and adds up their CPU time.
 func startWorkerSets(ctx context.Context, ws WorkerStarter, specs []WorkerSpec, n int) (StopFunc, error) {
 	stops := make([]StopFunc, 0, len(specs))
-	stopAll := func() (time.Duration, error) {
-		var cpu time.Duration
-		var errs []error
-		for _, stop := range stops {
-			c, err := stop()
-			cpu += c
-			errs = append(errs, err)
-		}
-		return cpu, errors.Join(errs...)
-	}
+	stopAll := stopEach(&stops)
 	for _, spec := range specs {
 		stop, err := startWorkers(ctx, ws, spec, n)
 		if err != nil {
@@ -285,16 +276,7 @@ func startWorkerSets(ctx context.Context, ws WorkerStarter, specs []WorkerSpec, 
 // and adds up their CPU time.
 func startWorkers(ctx context.Context, ws WorkerStarter, spec WorkerSpec, n int) (StopFunc, error) {
 	stops := make([]StopFunc, 0, n)
-	stopAll := func() (time.Duration, error) {
-		var cpu time.Duration
-		var errs []error
-		for _, stop := range stops {
-			c, err := stop()
-			cpu += c
-			errs = append(errs, err)
-		}
-		return cpu, errors.Join(errs...)
-	}
+	stopAll := stopEach(&stops)
 	for range n {
 		stop, err := ws.Start(ctx, spec)
 		if err != nil {
@@ -304,4 +286,19 @@ func startWorkers(ctx context.Context, ws WorkerStarter, spec WorkerSpec, n int)
 		stops = append(stops, stop)
 	}
 	return stopAll, nil
+}
+
+// stopEach stops every function *stops holds when it is called, adding up
+// their CPU time and joining their errors.
+func stopEach(stops *[]StopFunc) StopFunc {
+	return func() (time.Duration, error) {
+		var cpu time.Duration
+		var errs []error
+		for _, stop := range *stops {
+			c, err := stop()
+			cpu += c
+			errs = append(errs, err)
+		}
+		return cpu, errors.Join(errs...)
+	}
 }
