@@ -248,13 +248,30 @@ func (c *Client) Wait(ctx context.Context, id int64) (*Task, error) {
 // (network, server not ready, its database unreachable) are retried until
 // ctx is done.
 func Wait(ctx context.Context, b Backend, id int64) (*Task, error) {
+	return WaitTask(ctx, b, id, nil)
+}
+
+// WaitTask is Wait that calls progress, if not nil, after each poll:
+// with the task as read (err nil), or with the error of a read that it
+// retries (t nil), which a read that succeeds later follows (`sluice
+// enqueue --wait` prints its progress lines from it). Errors are retried
+// as Wait retries them; one that ends the wait is returned, not passed to
+// progress.
+func WaitTask(ctx context.Context, b Backend, id int64, progress func(t *Task, err error)) (*Task, error) {
+	var retrying func(error)
+	if progress != nil {
+		retrying = func(err error) { progress(nil, err) }
+	}
 	return poll(ctx, fmt.Sprintf("task %d", id), func() (*Task, bool, error) {
 		t, err := b.GetTask(ctx, id)
 		if err != nil {
 			return nil, false, err
 		}
+		if progress != nil {
+			progress(t, nil)
+		}
 		return t, t.State.Terminal(), nil
-	})
+	}, retrying)
 }
 
 // permanent reports whether repeating the call cannot succeed.

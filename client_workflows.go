@@ -115,12 +115,13 @@ func WaitRun(ctx context.Context, b Backend, id int64, progress func(*Run)) (*Ru
 			progress(r)
 		}
 		return r, r.State.Terminal(), nil
-	})
+	}, nil)
 }
 
 // poll calls get until it reports done, backing off from 10ms to 500ms,
-// returning at once on an error retrying cannot fix.
-func poll[T any](ctx context.Context, what string, get func() (T, bool, error)) (T, error) {
+// returning at once on an error retrying cannot fix. retrying, if not
+// nil, is told each error that poll retries.
+func poll[T any](ctx context.Context, what string, get func() (T, bool, error), retrying func(error)) (T, error) {
 	const (
 		first = 10 * time.Millisecond
 		most  = 500 * time.Millisecond
@@ -142,6 +143,9 @@ func poll[T any](ctx context.Context, what string, get func() (T, bool, error)) 
 			return zero, fmt.Errorf("waiting for %s: %w", what, err)
 		default:
 			lastErr = err
+			if retrying != nil {
+				retrying(err)
+			}
 		}
 		if timer == nil {
 			timer = time.NewTimer(delay)

@@ -166,8 +166,14 @@ type Task struct {
 	Step  string `json:"step,omitempty"`
 	Item  *int   `json:"item,omitempty"`
 	// Explain says why a non-terminal task is not running.
-	Explain  string    `json:"explain"`
-	Attempts []Attempt `json:"attempts"`
+	Explain string `json:"explain"`
+	// Attempts are the task's attempts, oldest first (empty, not nil,
+	// when it has none), where the answer reads them: GetTask, and the
+	// answers that read the task whole (cancel, retry, a child's
+	// result). Lists (ListTasks) and a trigger that found an existing
+	// task by its idempotency key do not read them: there it is nil, and
+	// the JSON leaves "attempts" out rather than claim [].
+	Attempts []Attempt `json:"attempts,omitzero"`
 }
 
 // Attempt is one execution of a task.
@@ -279,9 +285,15 @@ type WorkerInfo struct {
 	Name  string   `json:"name"`
 	Kinds []string `json:"kinds"`
 	Slots int      `json:"slots"`
-	// FreeSlots is the fewer of what the worker's last heartbeat
-	// reported and its slots less the tasks it runs now.
-	FreeSlots       int       `json:"free_slots"`
+	// FreeSlots is the worker's own count of free slots at its last
+	// heartbeat (LastHeartbeatAt), lowered to Slots less Running when the
+	// server has handed it more tasks since. It is a report of then, not
+	// a count of now: Running and FreeSlots may add up to less than
+	// Slots, the rest being slots the worker counted busy at that
+	// heartbeat (tasks that ended since, a parent waiting for a child).
+	FreeSlots int `json:"free_slots"`
+	// Running counts the tasks the server has running on the worker as
+	// it answers (the ids in Tasks).
 	Running         int       `json:"running"`
 	StartedAt       time.Time `json:"started_at"`
 	LastHeartbeatAt time.Time `json:"last_heartbeat_at"`

@@ -27,7 +27,7 @@ type clientFlags struct {
 
 func addClientFlags(fs *pflag.FlagSet, f *clientFlags) {
 	fs.StringVar(&f.server, "server", defaultServerURL, "server base URL; several replicas separated by commas fail over")
-	fs.StringVar(&f.token, "token", "", "bearer token (env SLUICE_TOKEN, else SLUICE_ADMIN_TOKEN)")
+	fs.StringVar(&f.token, "token", "", "bearer token")
 	fs.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
 	bindEnv(fs, "server")
 	bindEnv(fs, "token", "SLUICE_ADMIN_TOKEN")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/sluice-dev/sluice/server"
@@ -48,6 +49,32 @@ func bindEnv(fs *pflag.FlagSet, flag string, fallbacks ...string) {
 	if err := fs.SetAnnotation(flag, envAnnotation, vars); err != nil {
 		panic(err) // a programming error: the flag does not exist
 	}
+}
+
+// envHelp appends to the help of every flag of root and its subcommands
+// that is bound to environment variables their names ("[env
+// SLUICE_SERVER]", "[env SLUICE_TOKEN, else SLUICE_ADMIN_TOKEN]"), read
+// from the annotation applyEnv reads: the help says which flags a
+// variable sets, and cannot miss one or name a variable no flag reads.
+func envHelp(root *cobra.Command) {
+	seen := map[*pflag.Flag]bool{}
+	add := func(f *pflag.Flag) {
+		vars := f.Annotations[envAnnotation]
+		if len(vars) == 0 || seen[f] {
+			return
+		}
+		seen[f] = true
+		f.Usage += " [env " + strings.Join(vars, ", else ") + "]"
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.PersistentFlags().VisitAll(add)
+		c.Flags().VisitAll(add)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
 }
 
 // applyEnv sets every bound flag that was not given on the command line

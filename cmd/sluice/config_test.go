@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/sluice-dev/sluice/server"
@@ -367,6 +368,60 @@ func TestOptInt(t *testing.T) {
 	for _, bad := range []string{"0", "-1", "x", "", "1.5"} {
 		if err := o.Set(bad); err == nil {
 			t.Fatalf("Set(%q) accepted", bad)
+		}
+	}
+}
+
+// Every flag read from the environment names its variables in its help,
+// once, from the binding applyEnv reads; no flag names one by hand; and
+// every flag of the commands that read the environment for all their
+// flags is bound (a flag added after bindAllEnv would not be).
+func TestFlagHelpNamesEnv(t *testing.T) {
+	t.Parallel()
+	root := newTestApp(nil).newRootCmd()
+	all := map[string]bool{"server": true, "worker": true, "dev": true, "migrate": true}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		check := func(f *pflag.Flag) {
+			vars := f.Annotations[envAnnotation]
+			if f.Name != "help" && all[c.Name()] && c.Parent() == root && len(vars) == 0 {
+				t.Errorf("%s --%s is not read from the environment", c.CommandPath(), f.Name)
+			}
+			if len(vars) == 0 {
+				if strings.Contains(f.Usage, "[env ") {
+					t.Errorf("%s --%s: help names a variable the flag does not read: %q", c.CommandPath(), f.Name, f.Usage)
+				}
+				return
+			}
+			want := "[env " + strings.Join(vars, ", else ") + "]"
+			if strings.Count(f.Usage, "[env ") != 1 || !strings.HasSuffix(f.Usage, want) {
+				t.Errorf("%s --%s: help %q; want it to end with %s, once", c.CommandPath(), f.Name, f.Usage, want)
+			}
+			for _, v := range vars {
+				if strings.Count(f.Usage, v) != 1 {
+					t.Errorf("%s --%s: help %q names %s more than once", c.CommandPath(), f.Name, f.Usage, v)
+				}
+			}
+		}
+		c.Flags().VisitAll(check)
+		c.PersistentFlags().VisitAll(check)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+
+	// As printed: the variable beside the default it overrides.
+	ta := newTestApp(nil)
+	if code := ta.run(t.Context(), []string{"enqueue", "--help"}); code != 0 {
+		t.Fatalf("enqueue --help: exit %d: %s", code, ta.stderr.String())
+	}
+	for _, want := range []string{
+		`[env SLUICE_SERVER] (default "http://127.0.0.1:8080")`,
+		`bearer token [env SLUICE_TOKEN, else SLUICE_ADMIN_TOKEN]`,
+	} {
+		if !strings.Contains(ta.stdout.String(), want) {
+			t.Errorf("enqueue --help lacks %q:\n%s", want, ta.stdout.String())
 		}
 	}
 }

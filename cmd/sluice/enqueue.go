@@ -13,9 +13,6 @@ import (
 	"github.com/sluice-dev/sluice"
 )
 
-// waitPollInterval is how often `enqueue --wait` polls the task.
-const waitPollInterval = 200 * time.Millisecond
-
 type enqueueFlags struct {
 	client           clientFlags
 	input            string
@@ -159,31 +156,31 @@ func (f *enqueueFlags) params(kind string) (sluice.TriggerParams, error) {
 }
 
 // waitTask polls a task until it is terminal, printing a progress line on
-// stderr whenever its state or explanation changes.
+// stderr whenever its state or explanation changes. It polls and retries
+// as sluice.Wait does: an error retrying cannot fix (not found, auth)
+// ends the wait; others (the network, a server restarting or without its
+// database) are retried until ctx is done, whose error then quotes the
+// last one.
 func (a *app) waitTask(ctx context.Context, b sluice.Backend, task *sluice.Task) (*sluice.Task, error) {
 	start := time.Now()
 	last := ""
-	tick := time.NewTicker(waitPollInterval)
-	defer tick.Stop()
-	for {
-		if line := progressLine(task); line != last {
+	show := func(t *sluice.Task, err error) {
+		line := ""
+		if err != nil {
+			line = fmt.Sprintf("task %d: cannot read it (%v); retrying until it answers", task.ID, err)
+		} else {
+			line = progressLine(t)
+		}
+		if line != last {
 			fmt.Fprintf(a.stderr, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
 			last = line
 		}
-		if task.State.Terminal() {
-			return task, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for task %d: %w", task.ID, context.Cause(ctx))
-		case <-tick.C:
-		}
-		t, err := b.GetTask(ctx, task.ID)
-		if err != nil {
-			return nil, fmt.Errorf("waiting for task %d: %w", task.ID, err)
-		}
-		task = t
 	}
+	show(task, nil)
+	if task.State.Terminal() {
+		return task, nil
+	}
+	return sluice.WaitTask(ctx, b, task.ID, show)
 }
 
 // progressLine is a task's state, what it waits for or is doing, and its

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -87,8 +88,8 @@ func TestProgressLine(t *testing.T) {
 		task sluice.Task
 		want string
 	}{
-		{sluice.Task{ID: 1, State: sluice.StateQueued, Explain: `queue "q" 1/1 running`},
-			`task 1 queued: queue "q" 1/1 running`},
+		{sluice.Task{ID: 1, State: sluice.StateQueued, Explain: `queue "q" 1/1 taken (1 running)`},
+			`task 1 queued: queue "q" 1/1 taken (1 running)`},
 		{sluice.Task{ID: 1, State: sluice.StateScheduled, Attempt: 1, MaxAttempts: 3, Error: "boom",
 			Explain: "backing off until 2030-01-01T00:00:00Z after attempt 1/3 failed: boom"},
 			"task 1 scheduled: backing off until 2030-01-01T00:00:00Z after attempt 1/3 failed: boom"},
@@ -107,40 +108,75 @@ func TestProgressLine(t *testing.T) {
 }
 
 // TestWaitServerGoesAway: enqueue --wait against a server that stops
-// answering ends with one message that names the task, the URL and the
-// cause once.
+// answering keeps waiting, as sluice.Wait does, saying once that it
+// retries; when the server answers again the wait goes on to the end.
+// Stopped while the server is gone (Ctrl-C, a deadline), it ends with one
+// message that names the task and the last error.
 func TestWaitServerGoesAway(t *testing.T) {
 	t.Parallel()
-	polled := make(chan struct{})
-	var once atomic.Bool
+	var gets, down atomic.Int32
+	down.Store(1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
 		task := sluice.Task{ID: 7, Kind: "k", Queue: "k", State: sluice.StateQueued, MaxAttempts: 3, Explain: "queued: waiting behind earlier tasks of its queue"}
+		if r.Method == http.MethodGet {
+			n := gets.Add(1)
+			if n > 1 && down.Load() == 1 {
+				// Gone: the connection closes without an answer.
+				conn, _, err := w.(http.Hijacker).Hijack()
+				if err == nil {
+					conn.Close()
+				}
+				if n > 4 {
+					down.Store(2) // back after a few failed reads
+				}
+				return
+			}
+			if down.Load() == 2 {
+				task.State, task.Attempt, task.Explain = sluice.StateSucceeded, 1, ""
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
 		if r.Method == http.MethodPost {
 			w.WriteHeader(http.StatusCreated)
 		}
 		_ = json.NewEncoder(w).Encode(task)
-		if r.Method == http.MethodGet && once.CompareAndSwap(false, true) {
-			close(polled)
-		}
 	}))
-	url := srv.URL
-	go func() {
-		<-polled
-		srv.CloseClientConnections()
-		srv.Close()
-	}()
+	defer srv.Close()
 	start := time.Now()
-	_, stderr, code := cli(t, nil, "enqueue", "k", "--wait", "--server", url)
-	want := "error: waiting for task 7: cannot reach the sluice server at " + url + " (connection refused): is it running? (set --server or SLUICE_SERVER)\n"
-	if code != 1 || !strings.HasSuffix(stderr, want) || strings.Count(stderr, "connection refused") != 1 {
-		t.Fatalf("exit %d, stderr:\n%s\nwant exit 1 and to end with:\n%s", code, stderr, want)
+	stdout, stderr, code := cli(t, nil, "enqueue", "k", "--wait", "--server", srv.URL, "-o", "json")
+	if code != 0 || !strings.Contains(stdout, `"succeeded"`) {
+		t.Fatalf("exit %d; the wait did not outlast the server's absence:\nstdout %s\nstderr:\n%s", code, stdout, stderr)
 	}
-	if strings.Count(stderr, "task 7 queued") != 1 {
-		t.Fatalf("the unchanged progress line was printed more than once:\n%s", stderr)
+	if strings.Count(stderr, "task 7 queued") != 1 || strings.Count(stderr, "retrying until it answers") != 1 || !strings.Contains(stderr, "task 7 succeeded") {
+		t.Fatalf("progress lines (each once: queued, retrying, succeeded):\n%s", stderr)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("took %s", took)
+	}
+
+	// Gone for good: the wait goes on until stopped.
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(sluice.Task{ID: 7, Kind: "k", Queue: "k", State: sluice.StateQueued, MaxAttempts: 3})
+	}))
+	url := gone.URL
+	gone.Close() // closed after answering nothing: the trigger below fails
+	ta := newTestApp(nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	task := &sluice.Task{ID: 7, State: sluice.StateQueued, MaxAttempts: 3}
+	b, err := (&clientFlags{server: url, output: "table"}).backend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ta.waitTask(ctx, b, task)
+	if err == nil || !strings.HasPrefix(err.Error(), "waiting for task 7: context deadline exceeded (last error: ") ||
+		strings.Count(err.Error(), "connection refused") != 1 {
+		t.Fatalf("a wait stopped while the server is gone: %v", err)
+	}
+	if strings.Count(ta.stderr.String(), "retrying until it answers") != 1 {
+		t.Fatalf("the retry was not said once:\n%s", ta.stderr.String())
 	}
 }
 

@@ -27,9 +27,10 @@ func (a *app) newQueuesCmd() *cobra.Command {
 			}
 			return a.printJSON(qs)
 		}
-		tw := a.newTable("NAME", "RUNNING", "READY", "LIMIT", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
+		tw := a.newTable("NAME", "RUNNING", "READY", "LIMIT", "RATE LIMIT", "STRATEGY", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
 		for _, q := range qs {
-			row(tw, q.Name, q.Counts[sluice.StateRunning], q.Counts[sluice.StateReady], queueLimit(&q), q.Counts[sluice.StateQueued], q.Counts[sluice.StateReserved], q.Counts[sluice.StateScheduled],
+			row(tw, q.Name, q.Counts[sluice.StateRunning], q.Counts[sluice.StateReady], queueLimit(&q), queueRate(&q), queueStrategy(&q),
+				q.Counts[sluice.StateQueued], q.Counts[sluice.StateReserved], q.Counts[sluice.StateScheduled],
 				q.Active, q.MaxBacklog, q.Paused, onOff(q.Handover), q.Counts[sluice.StateSucceeded], q.Counts[sluice.StateFailed], q.Counts[sluice.StateCancelled])
 		}
 		return tw.Flush()
@@ -44,7 +45,9 @@ RUNNING counts the tasks a worker runs; READY the tasks holding a slot that
 no worker has claimed yet (both count against the limit). LIMIT applies to
 each sub-queue: the tasks without a concurrency key share one, and each key
 value has its own, so a queue whose tasks have keys shows "N per key" and
-may run more than N tasks in all. RESERVED counts the tasks waiting, with a
+may run more than N tasks in all. RATE LIMIT caps starts ("5/1s", or "5/1s
+per key" for each key apart); STRATEGY is what a trigger into a full
+sub-queue does (queue, cancel_newest or cancel_in_progress). RESERVED counts the tasks waiting, with a
 worker, to start on the slot of a running task the moment it ends (HANDOVER
 on).`,
 		Args: noArgs,
@@ -238,7 +241,7 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	row(tw, "MAX BACKLOG", q.MaxBacklog)
 	row(tw, "PAUSED", q.Paused)
 	row(tw, "HANDOVER", onOff(q.Handover))
-	row(tw, "STRATEGY", q.Strategy)
+	row(tw, "STRATEGY", queueStrategy(q))
 	row(tw, "RATE LIMIT", queueRate(q))
 	row(tw, "RUNNING", q.Counts[sluice.StateRunning])
 	row(tw, "READY (slot, no worker yet)", q.Counts[sluice.StateReady])
@@ -353,6 +356,15 @@ func queueRate(q *sluice.Queue) string {
 	default:
 		return r.String()
 	}
+}
+
+// queueStrategy shows a queue's strategy: "queue" (the default) when the
+// answer leaves it empty.
+func queueStrategy(q *sluice.Queue) sluice.Strategy {
+	if q.Strategy == "" {
+		return sluice.StrategyQueue
+	}
+	return q.Strategy
 }
 
 // optStrategy is a flag value that is a strategy.

@@ -41,6 +41,10 @@ func TestQueuesCounts(t *testing.T) {
 	}
 	cliJSON[sluice.Queue](t, env, "queues", "set", "plain", "--concurrency-limit", "1")
 	cliJSON[sluice.Task](t, env, "enqueue", "echo", "--queue", "plain")
+	// api: a rate limit per key and a strategy, the columns that showed
+	// neither (a queue limited to 5/1s per key read LIMIT none).
+	cliJSON[sluice.Queue](t, env, "queues", "set", "api", "--rate-limit", "5/1s", "--per-key")
+	cliJSON[sluice.Queue](t, env, "queues", "set", "deploy", "--concurrency-limit", "1", "--strategy", "cancel_in_progress")
 
 	// A worker claims two of email's six ready tasks: they run.
 	if res, err := wc.Claim(t.Context(), reg.ID, sluice.ClaimParams{Max: 2}); err != nil || len(res.Tasks) != 2 {
@@ -53,9 +57,11 @@ func TestQueuesCounts(t *testing.T) {
 	}
 	lines := strings.Split(stdout, "\n")
 	for _, want := range []string{
-		`^NAME\s+RUNNING\s+READY\s+LIMIT\s+QUEUED\s+RESERVED\s+SCHEDULED\s+ACTIVE\s`,
-		`^email\s+2\s+4\s+2 per key\s+3\s+0\s+0\s+9\s`,
-		`^plain\s+0\s+1\s+1\s+0\s+0\s+0\s+1\s`,
+		`^NAME\s+RUNNING\s+READY\s+LIMIT\s+RATE LIMIT\s+STRATEGY\s+QUEUED\s+RESERVED\s+SCHEDULED\s+ACTIVE\s`,
+		`^email\s+2\s+4\s+2 per key\s+none\s+queue\s+3\s+0\s+0\s+9\s`,
+		`^plain\s+0\s+1\s+1\s+none\s+queue\s+0\s+0\s+0\s+1\s`,
+		`^api\s+0\s+0\s+none\s+5/1s per key\s+queue\s+0\s+0\s+0\s+0\s`,
+		`^deploy\s+0\s+0\s+1\s+none\s+cancel_in_progress\s+0\s+0\s+0\s+0\s`,
 	} {
 		if !matchesALine(lines, want) {
 			t.Errorf("queues: no line matches %s:\n%s", want, stdout)
@@ -75,6 +81,13 @@ func TestQueuesCounts(t *testing.T) {
 	} {
 		if !matchesALine(lines, want) {
 			t.Errorf("queues get email: no line matches %s:\n%s", want, stdout)
+		}
+	}
+	stdout, _, _ = cli(t, env, "queues", "get", "api")
+	lines = strings.Split(stdout, "\n")
+	for _, want := range []string{`^RATE LIMIT\s+5/1s per key$`, `^STRATEGY\s+queue$`} {
+		if !matchesALine(lines, want) {
+			t.Errorf("queues get api: no line matches %s:\n%s", want, stdout)
 		}
 	}
 	stdout, _, _ = cli(t, env, "queues", "get", "plain")

@@ -88,8 +88,12 @@ admission control, pause/resume and lease-based crash recovery.
 Start here:
   sluice dev --demo        a server with SQLite, a worker and a demo
 
-Every flag can also be set with a SLUICE_<FLAG_NAME> environment variable
-(--max-running: SLUICE_MAX_RUNNING); a flag on the command line wins.`,
+A flag whose help names [env SLUICE_…] can also be set with that
+environment variable (--max-running: SLUICE_MAX_RUNNING); a flag on the
+command line wins. The server, worker, dev and migrate commands read one
+for every flag; the others only for the flags that say so (--server,
+--token, --output), so that a stray SLUICE_QUEUE cannot change where a
+task goes.`,
 		Version:       version(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -123,6 +127,7 @@ Every flag can also be set with a SLUICE_<FLAG_NAME> environment variable
 	for _, f := range extraCommands {
 		root.AddCommand(f(a))
 	}
+	envHelp(root)
 	return root
 }
 

@@ -196,7 +196,7 @@ serves Prometheus metrics at /metrics.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.server, "server", defaultServerURL, "server base URL")
-	fs.StringVar(&f.token, "token", "", "worker bearer token (env SLUICE_TOKEN, else SLUICE_WORKER_TOKEN)")
+	fs.StringVar(&f.token, "token", "", "worker bearer token")
 	fs.StringVar(&f.name, "name", "", "name shown in the API (default HOSTNAME-PID)")
 	fs.StringVar(&f.kinds, "kinds", strings.Join(defaultKinds(), ","), "comma-separated built-in kinds to handle")
 	fs.BoolVar(&f.allowExec, "allow-exec", false, "allow the exec kind, which runs commands on this machine")

@@ -28,20 +28,31 @@ func (a *app) newWorkersCmd() *cobra.Command {
 			return a.printJSON(ws)
 		}
 		now := time.Now()
-		tw := a.newTable("ID", "NAME", "KINDS", "SLOTS", "FREE", "RUNNING", "MEMORY", "P99", "STARTED", "LAST HEARTBEAT")
+		// RUNNING is the server's count now; FREE, MEMORY and P99 are the
+		// worker's report at its last heartbeat, whose age is beside
+		// them: the headers say which is which (WorkerInfo).
+		tw := a.newTable("ID", "NAME", "KINDS", "SLOTS", "RUNNING NOW", "LAST HEARTBEAT", "FREE AT HEARTBEAT", "MEMORY", "P99", "STARTED")
 		for _, w := range ws {
-			row(tw, w.ID, w.Name, strings.Join(w.Kinds, ","), w.Slots, w.FreeSlots, w.Running,
-				fmt.Sprintf("%.0f%%", 100*w.MemoryUsedRatio), w.P99Latency,
-				age(w.StartedAt, now)+" ago", age(w.LastHeartbeatAt, now)+" ago")
+			row(tw, w.ID, w.Name, strings.Join(w.Kinds, ","), w.Slots, w.Running,
+				age(w.LastHeartbeatAt, now)+" ago", w.FreeSlots, fmt.Sprintf("%.0f%%", 100*w.MemoryUsedRatio), w.P99Latency,
+				age(w.StartedAt, now)+" ago")
 		}
 		return tw.Flush()
 	}
 	cmd := &cobra.Command{
 		Use:   "workers",
 		Short: "List connected workers and their capacity",
-		Long: `List the workers registered with the server: the kinds they handle, their
-slots, free slots and running tasks as of their last heartbeat. Without a
-subcommand, same as "sluice workers list".`,
+		Long: `List the workers registered with the server: the kinds they handle and
+their slots, with numbers from two sources, which the headers name.
+
+RUNNING NOW counts the tasks the server has running on the worker now.
+FREE AT HEARTBEAT, MEMORY and P99 are the worker's own report at its last
+heartbeat (LAST HEARTBEAT ago); FREE is lowered to SLOTS less RUNNING NOW
+when the server has handed the worker more tasks since. RUNNING NOW and
+FREE AT HEARTBEAT may therefore add up to less than SLOTS: the rest are
+slots the worker counted busy at its heartbeat (tasks that have ended
+since, a parent waiting for a child). Without a subcommand, same as
+"sluice workers list".`,
 		Example: `  sluice workers
   sluice workers list -o json`,
 		Args: noArgs,

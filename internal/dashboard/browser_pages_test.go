@@ -151,7 +151,7 @@ func TestBrowserDashboard(t *testing.T) {
 	br.waitText(fmt.Sprintf(`tr[data-task="%d"]`, fx.queued[0]), "queued")
 	require.Equal(t, "limited", mustValue(br, "#f-queue"))
 	br.click(fmt.Sprintf(`button[data-key="why-%d"]`, fx.queued[0]))
-	br.waitText(fmt.Sprintf(`#why-%d`, fx.queued[0]), `queue "limited" 2/2 running`)
+	br.waitText(fmt.Sprintf(`#why-%d`, fx.queued[0]), `queue "limited" 2/2 taken (2 running)`)
 	br.screenshot("tasks", "")
 	// The filter form changes the list without a reload.
 	br.do(chromedp.SetValue(chromedp.CSS("#f-state"), "running"), chromedp.Click(chromedp.CSS(`form.filters button[type="submit"]`)))

@@ -237,6 +237,8 @@ func (e *Engine) triggered(res []store.EnqueueResult) ([]*sluice.Task, []bool, e
 		tasks[i], created[i] = r.Task, r.Created
 		if r.Created {
 			e.metrics.triggered.Inc()
+		} else if tasks[i] != nil {
+			tasks[i].Attempts = nil // not read: an existing task may have some
 		}
 	}
 	return tasks, created, nil
@@ -282,6 +284,11 @@ func (e *Engine) ListTasks(ctx context.Context, f sluice.TaskFilter) (*sluice.Ta
 		func(t sluice.Task) int64 { return t.ID })
 	if err != nil {
 		return nil, err
+	}
+	// A list does not read attempts: it leaves them out (nil) rather than
+	// answer [] for a task that has some (sluice.Task.Attempts).
+	for i := range tasks {
+		tasks[i].Attempts = nil
 	}
 	return &sluice.TaskPage{Tasks: tasks, Next: next}, nil
 }

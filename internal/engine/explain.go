@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -95,10 +96,14 @@ func (e *Engine) explainQueuedFor(ctx context.Context, t *sluice.Task, onLent bo
 		return fmt.Sprintf("queue %q paused", t.Queue), nil
 	}
 	if !onLent && sq.Limit != nil && sq.Running >= *sq.Limit {
+		// The slots are held by ready tasks as well as running ones (and
+		// by suspended parents that kept theirs): say which.
+		holders := map[sluice.TaskState]int{sluice.StateRunning: sq.RunningTasks, sluice.StateReady: sq.ReadyTasks,
+			sluice.StateSuspended: sq.Running - sq.RunningTasks - sq.ReadyTasks}
 		if sq.ConcurrencyKey != "" {
-			return fmt.Sprintf("key %q %d/%d running in queue %q", sq.ConcurrencyKey, sq.Running, *sq.Limit, sq.Queue), nil
+			return fmt.Sprintf("key %q %s in queue %q", sq.ConcurrencyKey, taken(sq.Running, *sq.Limit, holders), sq.Queue), nil
 		}
-		return fmt.Sprintf("queue %q %d/%d running", sq.Queue, sq.Running, *sq.Limit), nil
+		return fmt.Sprintf("queue %q %s", sq.Queue, taken(sq.Running, *sq.Limit, holders)), nil
 	}
 	if sq.RateWait > 0 {
 		return fmt.Sprintf("%s: next start at %s", flow.RateText(sq.RateLimit, sq.RatePeriodUS, sq.Queue, sq.ConcurrencyKey, sq.RateBucket),
@@ -127,8 +132,12 @@ func (e *Engine) explainWaiting(ctx context.Context, t *sluice.Task) (string, er
 		if s.State != sluice.StepRunning {
 			return fmt.Sprintf("waiting: step %q of run %d is %s", s.Name, run.ID, s.State), nil
 		}
-		return fmt.Sprintf("waiting for room in the window of step %q of run %d: %d/%d items running, %d waiting",
-			s.Name, run.ID, s.Active, s.Window, s.Waiting), nil
+		_, counts, err := e.st.RunTasks(ctx, run.ID)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("waiting for room in the window of step %q of run %d: %s, %d waiting",
+			s.Name, run.ID, windowTaken(s.Active, s.Window, counts[s.ID]), s.Waiting), nil
 	}
 	return fmt.Sprintf("waiting for room in the window of step %q of run %d", t.Step, t.RunID), nil
 }
@@ -201,4 +210,41 @@ func (e *Engine) explainLentTo(ctx context.Context, t *sluice.Task) (string, err
 	}
 	return fmt.Sprintf("parent task %d holds the slot it lent for it: it starts on it ahead of queue %q's order once nothing else stops it (%s)",
 		p.ID, t.Queue, why), nil
+}
+
+// holderOrder is the order in which taken lists the states of the tasks
+// holding places: those started first, then those about to be.
+var holderOrder = []sluice.TaskState{sluice.StateRunning, sluice.StateReady, sluice.StateReserved, sluice.StateSuspended,
+	sluice.StateQueued, sluice.StateScheduled, sluice.StatePaused}
+
+// taken words a count of places against its limit with the states of
+// the tasks that hold them, e.g. `2/2 taken (1 running, 1 ready)`: a
+// slot or a window place is held from before a task runs, so "running"
+// alone would misname ready or queued tasks. States with no task are
+// left out.
+func taken(n, limit int, byState map[sluice.TaskState]int) string {
+	s := fmt.Sprintf("%d/%d taken", n, limit)
+	var parts []string
+	for _, st := range holderOrder {
+		if c := byState[st]; c > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", c, st))
+		}
+	}
+	if len(parts) > 0 {
+		s += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return s
+}
+
+// windowTaken words a fan-out step's window: active of window places
+// taken by its items that are in the flow (neither waiting for the
+// window nor ended), by state; counts are the step's tasks per state.
+func windowTaken(active, window int, counts map[sluice.TaskState]int) string {
+	in := make(map[sluice.TaskState]int, len(counts))
+	for st, c := range counts {
+		if st != sluice.StateWaiting && !st.Terminal() {
+			in[st] = c
+		}
+	}
+	return taken(active, window, in)
 }

@@ -55,3 +55,21 @@ func TestTriggerRejectsBadBuiltinInput(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []bool{true, true}, res.Created)
 }
+
+// A workflow step of a built-in kind whose input is a constant the kind
+// refuses is refused at upload, naming the step, the field and the line,
+// with the trigger's message; an input with expressions waits for the run.
+func TestApplyWorkflowRejectsBadBuiltinInput(t *testing.T) {
+	f := newFixture(t, engine.Config{})
+	_, err := f.e.ApplyWorkflow(f.ctx, []byte("name: naps\nsteps:\n  - name: nap\n    kind: sleep\n    input: {duration: 5}\n"), "application/yaml")
+	var se *sluice.Error
+	require.True(t, errors.As(err, &se), "want *sluice.Error, got %T %v", err, err)
+	require.Equal(t, sluice.CodeBadRequest, se.Code)
+	require.Equal(t, "steps[0].input.duration", se.Field)
+	require.Contains(t, se.Message, "steps[0].input.duration: want a string, got number (kind sleep) (line 5)")
+	_, _, terr := f.e.Trigger(f.ctx, sluice.TriggerParams{Kind: "sleep", Input: json.RawMessage(`{"duration": 5}`)})
+	require.ErrorContains(t, terr, "input.duration: want a string, got number", "the upload and a trigger give one message")
+
+	_, err = f.e.ApplyWorkflow(f.ctx, []byte("name: naps\nsteps:\n  - name: nap\n    kind: sleep\n    input: {duration: '${{ input.d }}'}\n"), "application/yaml")
+	require.NoError(t, err)
+}

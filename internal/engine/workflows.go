@@ -366,7 +366,7 @@ func (e *Engine) explainStep(ctx context.Context, rec *store.RunRecord, st *stor
 		done := st.Items - st.Remaining
 		head += fmt.Sprintf(": %d/%d items done", done, st.Items)
 		if st.Window > 0 {
-			head += fmt.Sprintf(", window %d/%d running", st.Active, st.Window)
+			head += ", window " + windowTaken(st.Active, st.Window, s.Counts)
 			if st.Waiting > 0 {
 				head += fmt.Sprintf(", %d waiting", st.Waiting)
 			}

@@ -137,7 +137,8 @@ func ListShortfall(ctx context.Context, r Reader, sql string) ([]Shortfall, erro
 }
 
 // GetSubqueueStatus reads the sub-queue of task taskID (sql: its row of
-// queue, ckey, lim, running, paused; $1 or ? the task).
+// queue, ckey, lim, running, its running and its ready tasks, paused, and
+// the rate columns; $1 or ? the task).
 func GetSubqueueStatus(ctx context.Context, r Reader, sql string, taskID int64) (*SubqueueStatus, error) {
 	rows, done, err := r.Query(ctx, sql, taskID)
 	if err != nil {
@@ -153,7 +154,7 @@ func GetSubqueueStatus(ctx context.Context, r Reader, sql string, taskID int64) 
 	var st SubqueueStatus
 	var lim, rwait, rlim, rper *int64
 	var rbucket *string
-	if err := rows.Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.Paused, &rwait, &rlim, &rper, &rbucket); err != nil {
+	if err := rows.Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.RunningTasks, &st.ReadyTasks, &st.Paused, &rwait, &rlim, &rper, &rbucket); err != nil {
 		return nil, err
 	}
 	if rwait != nil && rlim != nil && rper != nil && rbucket != nil {

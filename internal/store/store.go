@@ -197,8 +197,14 @@ type SubqueueStatus struct {
 	Queue          string
 	ConcurrencyKey string
 	Limit          *int
-	Running        int
-	Paused         bool
+	// Running counts the tasks holding a slot of the sub-queue (its
+	// counter); of those, RunningTasks are in state running and
+	// ReadyTasks in state ready (read in the same statement), so that an
+	// explanation tells a full sub-queue's running tasks from its ready
+	// ones.
+	Running                  int
+	RunningTasks, ReadyTasks int
+	Paused                   bool
 	// RateWait: the sub-queue waits for its rate limit (RateLimit starts
 	// per RatePeriodUS, of bucket RateBucket) until then (µs; 0: it
 	// does not).

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/internal/kinds"
 	"github.com/sluice-dev/sluice/internal/workflow/expr"
 )
 
@@ -249,6 +251,9 @@ func (p *parser) compileStep(d *Definition, i int, needs [][]int, index map[stri
 	isc := expr.Scope{Steps: sc.Steps, Item: s.WithItems != nil}
 
 	cs.Input = p.compileValue(path+".input", s.Input, isc, expr.Any)
+	if p.upload && s.Kind != "" {
+		p.checkBuiltinInput(path, s.Kind, cs.Input)
+	}
 	if s.WithItems != nil {
 		cs.WithItems = p.compileValue(path+".with_items", s.WithItems, sc, expr.List)
 	}
@@ -361,6 +366,35 @@ func (p *parser) checkConstant(path string, t *expr.Template, check func(any) st
 	if msg := check(v); msg != "" {
 		p.errorf(path, "%s", msg)
 	}
+}
+
+// checkBuiltinInput refuses a step of a built-in kind (sleep, http, exec)
+// whose input is a constant its handler refuses, which would fail every
+// run's task. The check is the one a trigger runs (kinds.Validate); an
+// input holding expressions is checked when it is rendered, at run time.
+func (p *parser) checkBuiltinInput(path, kind string, t *expr.Template) {
+	if t == nil || !t.Constant() {
+		return
+	}
+	in, err := t.RenderJSON(expr.Vars{})
+	if err != nil {
+		return // not JSON: the canonical encoding reports it
+	}
+	err = kinds.Validate(kind, in)
+	if err == nil {
+		return
+	}
+	field, msg := "input", err.Error()
+	var se *sluice.Error
+	if errors.As(err, &se) && strings.HasPrefix(se.Field, "input") {
+		field, msg = se.Field, strings.TrimPrefix(se.Message, se.Field+": ")
+	}
+	sub := strings.TrimPrefix(field, "input")
+	line := p.line(path + ".kind")
+	if v := p.at[path+".input"]; v != nil {
+		line = lineOf(v, sub)
+	}
+	p.c.add(path+"."+field, line, "%s (kind %s)", msg, kind)
 }
 
 func checkQueue(v any) string {

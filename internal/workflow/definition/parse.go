@@ -19,17 +19,21 @@ import (
 // json.Marshal's), has no lines worth citing: its problems name the path
 // only.
 func Parse(data []byte, f Format) (*Workflow, error) {
-	return parse(data, f, f != JSON || bytes.ContainsAny(bytes.TrimSpace(data), "\n\r"))
+	return parse(data, f, f != JSON || bytes.ContainsAny(bytes.TrimSpace(data), "\n\r"), true)
 }
 
 // FromJSON compiles a definition already stored in canonical form
 // (Workflow.Canonical). Any JSON definition is accepted; errors are an
 // *Errors without line numbers.
 func FromJSON(canonical []byte) (*Workflow, error) {
-	return parse(canonical, JSON, false)
+	return parse(canonical, JSON, false, false)
 }
 
-func parse(data []byte, f Format, lines bool) (*Workflow, error) {
+// parse decodes and compiles data. upload adds the checks that only an
+// upload runs (checkBuiltinInput): a definition stored before a check
+// existed still compiles, so that its runs fail as they did, not the
+// orchestrator.
+func parse(data []byte, f Format, lines, upload bool) (*Workflow, error) {
 	c := &collector{lines: lines}
 	if len(data) > MaxSize {
 		c.add("", 0, "definition is %d bytes; at most %d (1 MiB) are accepted", len(data), MaxSize)
@@ -52,7 +56,7 @@ func parse(data []byte, f Format, lines bool) (*Workflow, error) {
 	if root == nil || c.any() && root.kind != vMap {
 		return nil, c.result()
 	}
-	p := &parser{c: c, at: map[string]*value{}, cur: -1}
+	p := &parser{c: c, at: map[string]*value{}, cur: -1, upload: upload}
 	def := p.decode(root)
 	w := p.compile(def)
 	if err := c.result(); err != nil {
@@ -84,6 +88,8 @@ type parser struct {
 	// of later problems.
 	at    map[string]*value
 	crons []cron.Schedule // parsed Definition.Schedules (nil where invalid)
+	// upload is set by Parse, not by FromJSON.
+	upload bool
 
 	// Set by compile, for messages about expressions.
 	stepIndex  map[string]int // first step of each name

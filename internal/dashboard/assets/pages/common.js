@@ -70,6 +70,9 @@ export function queuesTable(ctx, queues) {
 }
 
 // workersTable lists workers with their capacity and last heartbeat.
+// Running is the server's count now; free slots, memory and p99 are the
+// worker's report at its last heartbeat, the column before them, so the
+// two counts are not read as one moment's (WorkerInfo.free_slots).
 export function workersTable(workers, now = Date.now()) {
   const rows = workers.map((w) => {
     const used = w.slots - w.free_slots;
@@ -81,14 +84,15 @@ export function workersTable(workers, now = Date.now()) {
       h('td', {}, (w.kinds || []).join(', ')),
       h('td', { class: 'n' }, fmtNum(w.slots)),
       h('td', { class: 'n' }, fmtNum(w.running)),
-      h('td', {}, h('span', { class: 'slots' }, bar(used, w.slots), h('span', { class: 'num' }, fmtNum(w.free_slots) + ' free'))),
+      h('td', { title: w.last_heartbeat_at }, fmtAgo(w.last_heartbeat_at, now)),
+      h('td', { title: 'as the worker reported at its last heartbeat, ' + fmtAgo(w.last_heartbeat_at, now) },
+        h('span', { class: 'slots' }, bar(used, w.slots), h('span', { class: 'num' }, fmtNum(w.free_slots) + ' free'))),
       h('td', { class: 'n' }, mem),
       h('td', { class: 'n' }, w.p99_latency && w.p99_latency !== '0s' ? w.p99_latency : h('span', { class: 'muted' }, 'n/a')),
-      h('td', { title: w.last_heartbeat_at }, fmtAgo(w.last_heartbeat_at, now)),
       h('td', { title: w.lease_expires_at }, fmtAgo(w.lease_expires_at, now)),
       h('td', {}, tasks.length ? tasks : h('span', { class: 'muted' }, 'none')));
   });
-  return table('Workers', ['Worker', 'Kinds', 'Slots', 'Running', 'Free slots', 'Memory', 'p99', 'Last heartbeat', 'Lease', 'Tasks'],
+  return table('Workers', ['Worker', 'Kinds', 'Slots', 'Running now', 'Last heartbeat', 'Free slots at heartbeat', 'Memory at heartbeat', 'p99 at heartbeat', 'Lease', 'Tasks'],
     rows, 'No workers connected: start one with `sluice worker`.');
 }
 

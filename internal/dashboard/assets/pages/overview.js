@@ -26,7 +26,7 @@ function envCards(env, queues, workers) {
     headroom,
     card('Waiting', fmtNum(sum('queued') + sum('scheduled') + sum('waiting')),
       fmtNum(sum('queued')) + ' queued · ' + fmtNum(sum('scheduled')) + ' scheduled · ' + fmtNum(sum('waiting')) + ' in a window · ' + fmtNum(sum('paused')) + ' paused'),
-    card('Worker capacity', fmtNum(free) + ' free', fmtNum(slots) + ' slots on ' + fmtNum(workers.length) + (workers.length === 1 ? ' worker' : ' workers'),
+    card('Worker capacity', fmtNum(free) + ' free', fmtNum(slots) + ' slots on ' + fmtNum(workers.length) + (workers.length === 1 ? ' worker' : ' workers') + '; free as of their last heartbeats',
       bar(slots - free, slots)),
   ];
 }
