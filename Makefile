@@ -27,12 +27,14 @@ test: ## Run the whole suite with the race detector (GOTESTFLAGS=-v adds flags)
 test-long: ## The whole suite with the slowest tests at full size (SLUICE_TEST_LONG=1; CI runs it)
 	SLUICE_TEST_LONG=1 $(MAKE) --no-print-directory test
 
-test-skips: ## Say which tests will skip here (no PostgreSQL, no Chromium)
+test-skips: ## Say which tests will skip here (no PostgreSQL, no Chromium, no python3)
 	@if [ -z "$$SLUICE_TEST_POSTGRES_URL" ]; then \
 	  echo "note: SLUICE_TEST_POSTGRES_URL is not set: the PostgreSQL tests skip (e.g. SLUICE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable)"; fi
 	@if [ -z "$$SLUICE_CHROME" ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
 	  && ! command -v google-chrome >/dev/null 2>&1 && ! command -v google-chrome-stable >/dev/null 2>&1 && ! command -v headless-shell >/dev/null 2>&1; then \
 	  echo "note: no chromium on PATH: the dashboard's browser tests skip (apt-get install -y chromium, or set SLUICE_CHROME)"; fi
+	@if ! command -v python3 >/dev/null 2>&1; then \
+	  echo "note: no python3 on PATH: the Python worker's test (test/python) skips"; fi
 
 test-short: ## Run the suite without the slow tests (-short)
 	$(GO) test -short $(GOTESTFLAGS) ./...
