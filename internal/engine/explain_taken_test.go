@@ -1,7 +1,9 @@
 package engine_test
 
 import (
+	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,7 +11,43 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/engine"
+	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/pgtest"
+	"github.com/sluice-dev/sluice/internal/store/postgres"
+	"github.com/sluice-dev/sluice/internal/store/sqlite"
 )
+
+// A full key's explanation counts its running and ready tasks with the
+// statement both stores share (store.SubqueueStatusSQL); a key with room
+// is not counted.
+func TestExplainKeyTaken(t *testing.T) {
+	testExplainKeyTaken(t, func(ctx context.Context) (store.Store, error) {
+		return sqlite.Open(ctx, filepath.Join(t.TempDir(), "engine.db"))
+	})
+}
+
+func TestPostgresExplainKeyTaken(t *testing.T) {
+	u := pgtest.URL(t)
+	testExplainKeyTaken(t, func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, u) })
+}
+
+func testExplainKeyTaken(t *testing.T, open func(ctx context.Context) (store.Store, error)) {
+	f := newFixtureOn(t, open)
+	f.putQueue("q", 2)
+	w := f.register("k")
+	f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:42"})
+	require.Len(t, f.claim(w, 1), 1)
+	f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:42"})
+	task := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:42"})
+	require.Equal(t, `key "user:42" 2/2 taken (1 running, 1 ready) in queue "q"`, f.get(task.ID).Explain)
+	st, err := f.spy.Store.SubqueueStatus(f.ctx, task.ID)
+	require.NoError(t, err)
+	require.Equal(t, [2]int{1, 1}, [2]int{st.RunningTasks, st.ReadyTasks})
+	other := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q", ConcurrencyKey: "user:43"})
+	st, err = f.spy.Store.SubqueueStatus(f.ctx, other.ID)
+	require.NoError(t, err)
+	require.Equal(t, [3]int{1, 0, 0}, [3]int{st.Running, st.RunningTasks, st.ReadyTasks}, "a key with room is not counted")
+}
 
 const windowYAML = `
 name: fan

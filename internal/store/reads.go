@@ -136,9 +136,21 @@ func ListShortfall(ctx context.Context, r Reader, sql string) ([]Shortfall, erro
 	return out, rows.Err()
 }
 
-// GetSubqueueStatus reads the sub-queue of task taskID (sql: its row of
-// queue, ckey, lim, running, its running and its ready tasks, paused, and
-// the rate columns; $1 or ? the task).
+// SubqueueStatusSQL is GetSubqueueStatus's statement, ph the task id's
+// placeholder ($1 or ?). A full sub-queue's running and ready tasks are
+// counted (explain names them); any other's are not read, so the read
+// costs nothing more for a task that is not blocked by its sub-queue.
+func SubqueueStatusSQL(ph string) string {
+	count := func(state string) string {
+		return `CASE WHEN s.lim IS NOT NULL AND s.running >= s.lim THEN
+			(SELECT count(*) FROM tasks r WHERE r.queue = s.queue AND r.state = '` + state + `' AND r.sq = s.id) ELSE 0 END`
+	}
+	return `SELECT s.queue, s.ckey, s.lim, s.running, ` + count("running") + `, ` + count("ready") + `,
+		s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ` + ph
+}
+
+// GetSubqueueStatus reads the sub-queue of task taskID (sql:
+// SubqueueStatusSQL).
 func GetSubqueueStatus(ctx context.Context, r Reader, sql string, taskID int64) (*SubqueueStatus, error) {
 	rows, done, err := r.Query(ctx, sql, taskID)
 	if err != nil {

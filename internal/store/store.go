@@ -199,9 +199,9 @@ type SubqueueStatus struct {
 	Limit          *int
 	// Running counts the tasks holding a slot of the sub-queue (its
 	// counter); of those, RunningTasks are in state running and
-	// ReadyTasks in state ready (read in the same statement), so that an
-	// explanation tells a full sub-queue's running tasks from its ready
-	// ones.
+	// ReadyTasks in state ready (read in the same statement, and only
+	// for a full sub-queue: zero otherwise), so that an explanation
+	// tells a full sub-queue's running tasks from its ready ones.
 	Running                  int
 	RunningTasks, ReadyTasks int
 	Paused                   bool

@@ -194,9 +194,5 @@ func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
 
 // SubqueueStatus returns the sub-queue of a task.
 func (s *Store) SubqueueStatus(ctx context.Context, taskID int64) (*store.SubqueueStatus, error) {
-	return store.GetSubqueueStatus(ctx, s.reader(),
-		`SELECT s.queue, s.ckey, s.lim, s.running,
-			(SELECT count(*) FROM tasks r WHERE r.queue = s.queue AND r.state = 'running' AND r.sq = s.id),
-			(SELECT count(*) FROM tasks r WHERE r.queue = s.queue AND r.state = 'ready' AND r.sq = s.id),
-			s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = $1`, taskID)
+	return store.GetSubqueueStatus(ctx, s.reader(), store.SubqueueStatusSQL("$1"), taskID)
 }
