@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice"
@@ -253,6 +254,11 @@ func (e *env) bulkQueued(ctx context.Context, queue, key string, n int) error {
 		{`UPDATE queues SET active = active + ? WHERE name = ?`, []any{n, queue}},
 		{`UPDATE env SET active = active + ? WHERE id = 1`, []any{n}},
 	} {
+		if e.postgres && strings.HasPrefix(q.sql, "UPDATE env ") {
+			// PostgreSQL keeps the environment's counters in slices
+			// (env_slices), summed: any one takes the change.
+			q.sql = `UPDATE env_slices SET active = active + ? WHERE slice = 0`
+		}
 		if _, err := tx.ExecContext(ctx, e.q(q.sql), q.args...); err != nil {
 			return fmt.Errorf("counters: %w", err)
 		}

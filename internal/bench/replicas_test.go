@@ -60,7 +60,7 @@ func TestBenchReplicasPostgres(t *testing.T) {
 	require.Equal(t, []int{1, 2}, []int{s.Rows[0].Replicas, s.Rows[1].Replicas})
 	md := res.Markdown("")
 	for _, want := range []string{"- Distance to PostgreSQL: 100µs each way", "| (b) 2 queues of limit 10 | 2 |", "| (b) 2 queues of limit 10 | 1 |",
-		"(b) 2 queues of 10 keys, limit 1 each", "not counted by the store"} {
+		"(b) 2 queues of 10 keys, limit 1 each", "Deadlocks / retries"} {
 		require.Contains(t, md, want)
 	}
 	require.NotContains(t, md, "| Measure | Result", "no measure ran outside the replica table")

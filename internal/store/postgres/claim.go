@@ -23,9 +23,10 @@ import (
 // claimSQL picks up to $3 ready tasks of the kinds $1 and leases them to
 // worker $4 in one statement: one index range of tasks_ready per kind
 // (LATERAL), each reading at most $3 rows whatever waits behind limits,
-// merged in claim order; FOR UPDATE SKIP LOCKED as a backstop (claims
-// already serialise on the env lock). The same statement advances the
-// environment's fair-queueing time and extends the worker's lease. The
+// merged in claim order; FOR UPDATE SKIP LOCKED, so claims running in
+// parallel (txn.go) take different tasks. The same statement advances the
+// fair-queueing time of the connection's slice and extends the worker's
+// lease. The
 // claimed tasks are updated by primary-key array: joined with c, whose
 // size a generic plan does not know, the update hash-joined a sequential
 // scan of every task (docs/postgres.md, "Plan caching").
@@ -43,7 +44,7 @@ const claimSQL = `WITH c AS (
 		WHERE t.id = ANY(ARRAY(SELECT id FROM c))
 		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank,
 			t.run_id, CASE WHEN t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
-	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE id = 1),
+	vt AS (UPDATE env_slices SET vtime = GREATEST(vtime, (SELECT max(rank) FROM claimed)) WHERE slice = ` + sliceSQL + `),
 	lease AS (UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $6) WHERE id = $4)
 	SELECT id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank, run_id, step, item FROM claimed`
 
@@ -101,20 +102,30 @@ const promoteClaimSQL = `WITH hd AS MATERIALIZED (
 		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
 			t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank,
 			t.run_id, CASE WHEN m.claim AND t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
-	vt AS (UPDATE env SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))
-			+ 0 * (1 / CASE WHEN (SELECT count(*) FROM moved WHERE promoted) = $12 THEN 1 ELSE 0 END) WHERE id = 1),
+	vt AS (UPDATE env_slices SET vtime = GREATEST(vtime, (SELECT max(rank) FROM moved WHERE claim))
+			+ 0 * (1 / CASE WHEN (SELECT count(*) FROM moved WHERE promoted) = $12 THEN 1 ELSE 0 END) WHERE slice = ` + sliceSQL + `),
 	lease AS (UPDATE workers SET lease_expires_at = GREATEST(lease_expires_at, $6) WHERE id = $4)
 	SELECT sq, promoted, claim, id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, priority, rank, run_id, step, item FROM moved`
 
 // Claim leases ready tasks to a worker; see store.Store. Two round trips
-// hold the env lock: BEGIN with the lock and the worker's row, then the
+// hold the write lock: BEGIN with the lock and the worker's row, then the
 // claim statement with the COMMIT.
 func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease time.Duration, seq int64) ([]sluice.ClaimedTask, error) {
 	var claimed func() ([]sluice.ClaimedTask, error)
 	w := &claimer{id: workerID}
-	err := s.run(ctx, w.prelude, func(t *txn) error {
+	// Shared (txn.go): a claim changes no counter, so it locks no queue,
+	// unless it reserves successors (handover), which is exclusive.
+	err := s.runLocked(ctx, &lockSet{hint: []string{"w:" + workerID}}, w.prelude, func(t *txn) error {
 		if !w.found {
 			return store.WorkerNotFound(workerID)
+		}
+		if w.handover && w.hoQueues {
+			// It may reserve successors (reserving): known from the
+			// first round trip, before the claim is spent on a shared
+			// try.
+			if err := t.exclusive("successors to reserve (handover)"); err != nil {
+				return err
+			}
 		}
 		var err error
 		claimed, err = w.claim(t, limit, lease, seq)
@@ -270,6 +281,9 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 	}
 	if !w.reserving(t) {
 		return claimed, nil
+	}
+	if err := t.exclusive("successors to reserve (handover)"); err != nil {
+		return nil, err
 	}
 	// Handover: the claimed tasks' sub-queues and queues (the tasks
 	// started in this transaction on this worker: those claimed, and any

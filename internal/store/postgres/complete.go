@@ -65,7 +65,7 @@ func (s *Store) Complete(ctx context.Context, workerID string, results []sluice.
 // worker the store does not know gets its results acknowledged stale and
 // no tasks.
 //
-// Round trips: BEGIN with the env lock, the worker's row, the successes'
+// Round trips: BEGIN with the write lock, the worker's row, the successes'
 // statement and the refill's first read; then, for a limited queue in the
 // usual case, the counters, the claim (which writes the refill's
 // promotions) and the COMMIT: two. Handover adds a round trip when a
@@ -95,10 +95,28 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 			})
 		}
 		done = t.queueComplete(workerID, results, t.preNow)
-		pre = t.queueEligible()
+		pre = nil
+		if !t.shared { // a shared write refills only what it holds (fill)
+			pre = t.queueEligible()
+		}
 	}
 	limit, lease, seq := c.Max, c.Lease, c.Seq
-	err := s.run(ctx, prelude, func(t *txn) error {
+	// Shared (txn.go), locking the queues of the tasks reported.
+	ls := &lockSet{tasks: make([]int64, len(results)), hint: []string{"w:" + workerID}}
+	for i, r := range results {
+		ls.tasks[i] = r.TaskID
+	}
+	err := s.runLocked(ctx, ls, prelude, func(t *txn) error {
+		// A try run again starts afresh (runLocked).
+		claimed = func() ([]sluice.ClaimedTask, error) { return nil, nil }
+		next = func() []sluice.ClaimedTask { return nil }
+		if t.Ended() > t.settledEnds {
+			// Tasks of workflow runs succeeded: known from the first
+			// round trip, before any more is spent on a shared try.
+			if err := t.exclusive("tasks of workflow runs ended"); err != nil {
+				return err
+			}
+		}
 		if err := done.failures(t, backoff); err != nil {
 			return err
 		}

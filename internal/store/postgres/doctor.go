@@ -34,7 +34,7 @@ var liveCTE = `live AS MATERIALIZED (SELECT sq, queue, step_id, state, wait_lent
 // places, and of the windows: one pass over the tasks.
 var countersSQL = `WITH ` + liveCTE + `,
 	ec AS MATERIALIZED (SELECT e.running, e.active, e.lane, c.running AS n_running, c.active AS n_active, c.lane AS n_lane
-		FROM env e, (` + envCounts + `) c),
+		FROM ` + envSQL + ` e, (` + envCounts + `) c),
 	sqj AS MATERIALIZED (SELECT ` + sqSubject + ` AS subject, s.running, s.queued, s.lent,
 			coalesce(c.running, 0) AS n_running, coalesce(c.queued, 0) AS n_queued, coalesce(c.lent, 0) AS n_lent
 		FROM subqueues s LEFT JOIN (` + sqCounts + `) c ON c.sq = s.id),
@@ -79,10 +79,10 @@ var checks = map[string]string{
 	// (S-FC2), no lane entry that could have been served.
 	"idle window": `SELECT 'idle window', ` + stepSubject + `, s.waiting, 0::bigint FROM run_steps s
 		WHERE s.state = 'running' AND s.waiting > 0 AND (s.win IS NULL OR s.active < s.win)`,
-	"idle capacity": `SELECT 'idle capacity', ` + sqSubject + `, s.queued, 0::bigint FROM subqueues s, env e
+	"idle capacity": `SELECT 'idle capacity', ` + sqSubject + `, s.queued, 0::bigint FROM subqueues s, ` + envSQL + ` e
 		WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND (e.max_running = 0 OR e.running < e.max_running)`,
 	"idle lane": `SELECT 'idle lane', 'task ' || p.id, p.wait_lent::bigint, 0::bigint FROM tasks p LEFT JOIN tasks c ON c.id = p.wait_task
-			JOIN subqueues s ON s.id = p.sq, env e
+			JOIN subqueues s ON s.id = p.sq, ` + envSQL + ` e
 		WHERE p.state = 'suspended' AND (e.max_running = 0 OR e.running < e.max_running)
 			AND (p.wait_lent = 3 OR p.wait_lent = 2 AND c.state = 'queued' AND NOT s.paused AND s.rwait IS NULL)
 		OR p.state = 'suspended' AND p.wait_lent = 4 AND (s.lim IS NULL OR s.running < s.lim)`,
@@ -131,7 +131,7 @@ var checks = map[string]string{
 	// The engine's invariants (tests).
 	"sub-queue over limit": `SELECT 'sub-queue over limit', ` + sqSubject + `, s.running, s.lim FROM subqueues s
 		WHERE s.lim IS NOT NULL AND s.running > s.lim`,
-	"env over limit": `SELECT 'env over limit', 'env', e.running, e.max_running FROM env e WHERE e.max_running > 0 AND e.running > e.max_running`,
+	"env over limit": `SELECT 'env over limit', 'env', e.running, e.max_running FROM ` + envSQL + ` e WHERE e.max_running > 0 AND e.running > e.max_running`,
 	"sub-queue lends over limit": `SELECT 'sub-queue lends over limit', ` + sqSubject + `, s.lent, s.lim FROM subqueues s
 		WHERE s.lim IS NOT NULL AND s.lent > s.lim`,
 	"rate pending over limit": `SELECT 'rate pending over limit', s.rbucket, count(*), max(s.rlim) FROM tasks t JOIN subqueues s ON s.id = t.sq

@@ -20,3 +20,10 @@ func WithTracer(tr pgx.QueryTracer) Option { return func(s *Store) { s.tracer = 
 
 // Unavailable exposes the classification of driver errors to tests.
 func Unavailable(err error) error { return unavailable(err) }
+
+// LockWrite and LockQueue are the first keys of the write lock and of a
+// queue's lock (txn.go).
+const (
+	LockWrite = lockWrite
+	LockQueue = lockQueue
+)

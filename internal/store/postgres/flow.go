@@ -70,8 +70,16 @@ func (t *txn) queue(name string, create bool) (*flow.Queue, error) {
 func (t *txn) flush() {
 	env, sqs, qs := t.Dirty()
 	if env != nil {
-		t.exec("writing env", `UPDATE env SET max_running = $1, running = $2, active = $3, vtime = $4, rr = $5, lane = $6 WHERE id = 1`,
-			env.MaxRunning(), env.Running(), env.Active(), env.VTime(), env.RR(), env.Lane())
+		// The counters' changes go to the connection's slice (see the
+		// write lock, txn.go); the settings and the lane, which only an
+		// exclusive write changes (checkShared), to env.
+		was := &t.envAt
+		t.exec("writing env", `UPDATE env_slices SET running = running + $1, active = active + $2, vtime = GREATEST(vtime, $3), rr = GREATEST(rr, $4)
+			WHERE slice = `+sliceSQL, env.Running()-was.Running(), env.Active()-was.Active(), env.VTime(), env.RR())
+		if env.MaxRunning() != was.MaxRunning() || env.Lane() != was.Lane() {
+			t.exec("writing env", `UPDATE env SET max_running = $1, lane = $2 WHERE id = 1`, env.MaxRunning(), env.Lane())
+		}
+		t.envAt = *env
 	}
 	if len(sqs) > 0 {
 		n := len(sqs)
@@ -103,8 +111,15 @@ const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
 // It reads only eligible sub-queues (the partial index subqueues_eligible)
 // and the heads of their task lists, never the blocked backlog.
 //
+// A shared write (see the write lock, txn.go) serves only the
+// sub-queues it holds, of the queues it locked: without an environment
+// limit (which makes writes exclusive) a freed slot is its own
+// sub-queue's, and every change that makes a sub-queue eligible is made
+// by a write that holds it and refills it before its commit.
+//
 // The sub-queues this transaction holds are served as they stand in
-// memory (the env lock serialises writers, so its copies are the truth),
+// memory (their queues' locks, or the exclusive write lock, keep other
+// writers off them, so its copies are the truth),
 // and a read of the others leaves them out: their counters are written
 // once, with the commit, not before each read. A read takes the next
 // flow.FillScan eligible sub-queues by round-robin order; until a read comes
@@ -183,8 +198,8 @@ func (t *txn) refill(pre *eligibleRead) error {
 
 // refillQueues is the refill of the sub-queues' wait lists (refill).
 func (t *txn) refillQueues(pre *eligibleRead) error {
-	more := true    // a read may have left eligible sub-queues out
-	var bound int64 // until a read comes back short: the last read's end
+	more := !t.shared // a read may have left eligible sub-queues out
+	var bound int64   // until a read comes back short: the last read's end
 	for t.Env.HasRoom() {
 		if more {
 			var rows []*flow.Subqueue
@@ -245,6 +260,10 @@ func (t *txn) refillQueues(pre *eligibleRead) error {
 // payload is the schema, so listeners of other deployments in the same
 // database ignore it. PostgreSQL delivers it at commit.
 func (t *txn) notify() {
+	if t.Readied() > 0 && t.shared {
+		t.notifyLater = true // see notifySoon
+		return
+	}
 	if t.Readied() > 0 && !t.notified {
 		t.exec("notify", `SELECT pg_notify('sluice_ready', coalesce(current_schema(), ''))`)
 		t.notified = true
@@ -288,7 +307,7 @@ const promoteSQL = `WITH moved AS (
 		UPDATE tasks t SET state = 'ready', rank = h.rank FROM (` + headsSQL + `) h
 		WHERE t.id = h.id
 		RETURNING t.sq),
-	chk AS (UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $5 THEN 1 ELSE 0 END) WHERE id = 1)
+	chk AS (UPDATE env_slices SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $5 THEN 1 ELSE 0 END) WHERE slice = ` + sliceSQL + `)
 	SELECT sq FROM moved`
 
 // promotionArgs are the arrays headsSQL reads.

@@ -130,7 +130,7 @@ const unreserveSQL = `WITH v AS (SELECT * FROM unnest($1::bigint[], $3::text[]) 
 	moved AS (
 		UPDATE tasks t SET state = hit.state, paused_from = CASE WHEN hit.state = 'paused' THEN 'queued' END, worker_id = NULL, after_id = NULL
 		FROM hit WHERE t.id = hit.id RETURNING t.id)
-	UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $2 THEN 1 ELSE 0 END) WHERE id = 1`
+	UPDATE env_slices SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $2 THEN 1 ELSE 0 END) WHERE slice = ` + sliceSQL
 
 // handoff is a result's hand-over from task p to its successor s.
 type handoff struct {
@@ -202,7 +202,7 @@ const reserveSQL = `WITH p AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], 
 		FROM c WHERE t.id = c.id
 		RETURNING t.id, t.after_id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at,
 			t.run_id, CASE WHEN t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
-	chk AS (UPDATE env SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $6 THEN 1 ELSE 0 END) WHERE id = 1)
+	chk AS (UPDATE env_slices SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $6 THEN 1 ELSE 0 END) WHERE slice = ` + sliceSQL + `)
 	SELECT id, after_id, kind, queue, ckey, attempt, max_attempts, input, timeout_us, created_at, run_id, step, item FROM moved`
 
 // subqueueByKey returns the sub-queue (queue, ckey), read if this

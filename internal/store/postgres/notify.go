@@ -172,3 +172,70 @@ func (s *Store) holdLead(ctx context.Context, conn *pgx.Conn) {
 		s.log.Warn("postgres: leader connection lost", "err", err)
 	}
 }
+
+// notifySoon asks the notifier to send NOTIFY sluice_ready: a shared
+// write that readied tasks calls it after its commit. NOTIFY in a
+// transaction takes a database-wide lock at commit and holds it through
+// the commit's flush to disk, which would serialise the commits of
+// parallel writers; the notifier sends it in a transaction of its own,
+// without waiting for the flush (a notification lost in a crash costs
+// nothing: listeners look again when they reconnect), and one for any
+// number of writes that asked while it was sending.
+func (s *Store) notifySoon() {
+	select {
+	case s.notifyCh <- struct{}{}:
+	default:
+	}
+}
+
+// notifier sends the notifications asked for by notifySoon until the
+// store closes, on a connection of its own (not the pool's: a write
+// waits for none of this).
+func (s *Store) notifier() {
+	defer s.bg.Done()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.Background())
+		}
+	}()
+	for {
+		select {
+		case <-s.closed.Done():
+			return
+		case <-s.notifyCh:
+		}
+		ctx, cancel := context.WithTimeout(s.closed, 5*time.Second)
+		err := s.sendNotify(ctx, &conn)
+		cancel()
+		if err != nil && s.closed.Err() == nil {
+			s.log.Warn("postgres: sending NOTIFY "+readyChannel, "err", err)
+			if conn != nil {
+				s.ownPIDs.Delete(conn.PgConn().PID())
+				_ = conn.Close(context.Background())
+				conn = nil
+			}
+		}
+	}
+}
+
+// sendNotify sends one NOTIFY sluice_ready on *conn, connecting first if
+// it is nil.
+func (s *Store) sendNotify(ctx context.Context, conn **pgx.Conn) error {
+	if *conn == nil {
+		c, err := s.connect(ctx, "notify")
+		if err != nil {
+			return err
+		}
+		// Listen ignores the notifications of this store's own
+		// connections.
+		s.ownPIDs.Store(c.PgConn().PID(), struct{}{})
+		*conn = c
+	}
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue("SET LOCAL synchronous_commit = off")
+	b.Queue(`SELECT pg_notify('` + readyChannel + `', coalesce(current_schema(), ''))`)
+	b.Queue("commit")
+	return (*conn).SendBatch(ctx, b).Close()
+}

@@ -5,23 +5,30 @@
 // transaction, and it passes the same conformance suite. What differs is
 // how a transaction is made safe and fast on a server shared by replicas:
 //
-//   - Every write transaction, claims included, first locks the one env row
-//     (SELECT … FROM env WHERE id = 1 FOR UPDATE). Writers therefore
-//     serialise cluster-wide exactly as they do on SQLite's single writer
-//     connection, so the counters a transaction reads, changes in memory and
-//     writes back (env, sub-queues, queues) are never written by two
-//     transactions at once, and there is one lock order, so no deadlocks.
-//     The clock is read once the lock is held, so recorded times follow
-//     commit order. Claims also select ready tasks FOR UPDATE SKIP LOCKED.
-//   - Since writers serialise, a transaction's cost is its round trips
-//     while it holds the lock. Statements are set-based (unnest arrays) and
+//   - Every write transaction, claims included, first takes the write
+//     lock (txn.go). Most take it exclusively and then serialise
+//     cluster-wide exactly as they do on SQLite's single writer
+//     connection, so the counters a transaction reads, changes in memory
+//     and writes back (sub-queues, queues, the environment's slices) are
+//     never written by two transactions at once. Enqueues, completions and
+//     claims of plain tasks take it shared, with the locks of the queues
+//     they change, all in one statement in one order, so writes to
+//     different queues run in parallel and never deadlock; the
+//     environment's counters are then sums of per-connection slices
+//     (env_slices). docs/architecture.md, "How writes scale", says which
+//     writes are shared and what holds each invariant. The clock is read
+//     once the lock is held. Claims select ready tasks FOR UPDATE SKIP
+//     LOCKED.
+//   - A transaction's cost is its round trips while it holds its locks.
+//     Statements are set-based (unnest arrays) and
 //     sent in pgx batches: statements whose results the transaction does not
 //     need at once are queued and go with the next statement that is read
-//     (txn.exec), BEGIN goes with the env lock, and a claim, a completion of
+//     (txn.exec), BEGIN goes with the locks, and a claim, a completion of
 //     N results or an enqueue of N tasks takes a handful of round trips
 //     whatever N is.
 //   - A transaction that made tasks ready sends NOTIFY sluice_ready
-//     (delivered at commit); Listen wakes other replicas' long-polls.
+//     (delivered at commit; a shared one's right after its commit, see
+//     notifySoon); Listen wakes other replicas' long-polls.
 //   - TryLead elects the replica that runs background work.
 package postgres
 
@@ -31,6 +38,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,6 +58,14 @@ var migrations embed.FS
 const (
 	lockMigrate = 0x736c7563 // "sluc"
 	lockLeader  = 0x736c7564
+	// lockWrite is the write lock (txn.go): held shared by the writes
+	// that lock what they change, exclusively by every other write.
+	lockWrite = 0x736c7565
+	// lockQueue and lockIdem are the locks of a queue and of an
+	// idempotency key that a shared write holds (txn.go); their second
+	// key hashes the schema with the name.
+	lockQueue = 0x736c7566
+	lockIdem  = 0x736c7567
 )
 
 // Store is the PostgreSQL store.
@@ -82,6 +98,16 @@ type Store struct {
 	// app: the settings a write in the application's transaction
 	// matches (apptx.go).
 	app appConn
+
+	// The write lock (txn.go): how many shared writes are to run
+	// exclusively (envHint: every one; hints: those of each hint key);
+	// how many writes ran again after a deadlock (retries) or
+	// exclusively (escalations).
+	envHint              atomic.Int64
+	hints                sync.Map
+	retries, escalations atomic.Int64
+	// notifyCh wakes the notifier (notifySoon).
+	notifyCh chan struct{}
 
 	// closed ends Listen loops and leaderships when the store closes.
 	closed    context.Context
@@ -120,8 +146,9 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	for k, v := range map[string]string{
 		"application_name": "sluice",
 		// A replica that stalls mid-transaction (frozen VM, network
-		// partition) holds the env lock, and so every writer of the
-		// cluster waits, until PostgreSQL ends its session. Transactions
+		// partition) holds the write lock, and so every writer of the
+		// cluster (or of its queues) waits, until PostgreSQL ends its
+		// session. Transactions
 		// take milliseconds: end such a session soon.
 		"idle_in_transaction_session_timeout": "15s",
 	} {
@@ -154,6 +181,9 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	}
 	s.pool = &dbPool{Pool: pool, health: &s.health}
 	s.closed, s.closeFn = context.WithCancel(context.Background())
+	s.notifyCh = make(chan struct{}, 1)
+	s.bg.Add(1)
+	go s.notifier()
 	return s, nil
 }
 
@@ -163,8 +193,8 @@ func (s *Store) SetClock(now func() time.Time) { s.clock.Set(now) }
 // SetHandoverDepth sets the handover depth; see store.Store.
 func (s *Store) SetHandoverDepth(n int) { s.depth.Set(n) }
 
-// now reads the clock. Write transactions call it once they hold the env
-// lock.
+// now reads the clock. Write transactions call it once they hold the
+// write lock.
 func (s *Store) now() time.Time { return s.clock.Now() }
 
 // Close ends Listen loops and leaderships (releasing the leader lock) and
@@ -196,7 +226,7 @@ func (r reader) Query(ctx context.Context, q string, args ...any) (store.Rows, f
 }
 
 // Ping checks the database answers; during an outage (Health), that it
-// takes a write again: a transaction that locks the env row, as every
+// takes a write again: a transaction that takes the write lock, as every
 // write transaction does, and commits.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.health.Err() != nil {
@@ -237,9 +267,14 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 }
 
 // migrationSteps are the Go steps of migrations, run after their SQL in
-// their transaction, as a write transaction (counters, refill).
+// their transaction, as a write transaction (counters, refill), which
+// reads the schema of the latest migration: a step therefore runs with
+// the last migration that changed what a write transaction reads. The
+// parking of 0015_unserved runs with 0016_write_slices (which moved the
+// environment's counters); run again on a database that had it, it finds
+// nothing to park that the store would not park anyway.
 var migrationSteps = map[string]func(t *txn) error{
-	"0015_unserved": (*txn).parkStrays,
+	"0016_write_slices": (*txn).parkStrays,
 }
 
 // migrate applies one migration unless it was applied, and reports

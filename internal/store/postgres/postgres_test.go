@@ -118,8 +118,14 @@ func TestPostgresMigrateParksStrays(t *testing.T) {
 	st := open(t, pgtest.URL(t))
 	_, err := st.Migrate(ctx)
 	require.NoError(t, err)
-	storetest.ParkStraysOnUpgrade(t, st, "0015_unserved", func(q string) error {
-		_, err := st.Pool().Exec(ctx, q)
+	// The parking runs with 0016_write_slices (postgres.go,
+	// migrationSteps): that is undone too, the counters back in env.
+	storetest.ParkStraysOnUpgrade(t, st, []string{"0015_unserved", "0016_write_slices"}, func(q string) error {
+		_, err := st.Pool().Exec(ctx, q+`;
+			ALTER TABLE env ADD COLUMN running BIGINT NOT NULL DEFAULT 0, ADD COLUMN active BIGINT NOT NULL DEFAULT 0,
+				ADD COLUMN vtime BIGINT NOT NULL DEFAULT 0, ADD COLUMN rr BIGINT NOT NULL DEFAULT 0;
+			UPDATE env SET (running, active, vtime, rr) = (SELECT sum(running), sum(active), max(vtime), max(rr) FROM env_slices);
+			DROP TABLE env_slices`)
 		return err
 	})
 }

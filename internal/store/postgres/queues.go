@@ -189,7 +189,7 @@ func (s *Store) SetEnvLimit(ctx context.Context, maxRunning int) (store.Outcome,
 
 // EnvStatus returns the environment counters.
 func (s *Store) EnvStatus(ctx context.Context) (store.EnvStatus, error) {
-	return store.GetEnvStatus(ctx, s.reader(), `SELECT max_running, running, active FROM env WHERE id = 1`)
+	return store.GetEnvStatus(ctx, s.reader(), `SELECT max_running, running, active FROM `+envSQL+` e`)
 }
 
 // SubqueueStatus returns the sub-queue of a task.

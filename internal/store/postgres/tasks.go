@@ -20,13 +20,44 @@ import (
 // number of tasks, it takes four round trips: BEGIN with the env lock; the
 // idempotency lookup (only if keys are given); the queues, sub-queues and
 // task ids; the insert with the refill; and the commit.
+//
+// It takes the write lock shared (txn.go) with the locks of its queues
+// and idempotency keys, unless an admission ceiling is set, which needs
+// the environment's exact count, or a task belongs to a workflow run.
 func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.NewTask) ([]store.EnqueueResult, store.Outcome, error) {
 	results := make([]store.EnqueueResult, len(tasks))
-	o, err := s.write(ctx, func(t *txn) error { return t.enqueue(lim, tasks, results) })
+	o, err := s.writeLocked(ctx, enqueueLocks(lim, tasks), func(t *txn) error {
+		clear(results) // a try run again starts afresh
+		return t.enqueue(lim, tasks, results)
+	})
 	if err != nil {
 		return nil, o, err
 	}
 	return results, o, nil
+}
+
+// enqueueLocks is what an Enqueue of tasks locks when it takes the write
+// lock shared (nil: exclusively).
+func enqueueLocks(lim store.Limits, tasks []store.NewTask) *lockSet {
+	if lim.MaxActive > 0 {
+		return nil
+	}
+	ls := &lockSet{}
+	seen := map[string]bool{}
+	for _, nt := range tasks {
+		if nt.Run != nil {
+			return nil
+		}
+		if !seen[nt.Queue] {
+			seen[nt.Queue] = true
+			ls.queues = append(ls.queues, nt.Queue)
+			ls.hint = append(ls.hint, "q:"+nt.Queue)
+		}
+		if nt.IdempotencyKey != "" {
+			ls.idem = append(ls.idem, nt.IdempotencyKey)
+		}
+	}
+	return ls
 }
 
 // enqueue is the body of Enqueue (and EnqueueTx): results gets each

@@ -153,12 +153,12 @@ func TestPostgresUnavailable(t *testing.T) {
 	}
 
 	// The connection breaks under a transaction: a trigger waits for the
-	// env lock, which another session holds, when the proxy is cut.
+	// write lock, which another session holds, when the proxy is cut.
 	other := open(t, base)
 	locker, err := other.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer locker.Rollback(ctx)
-	_, err = locker.Exec(ctx, `SELECT 1 FROM env WHERE id = 1 FOR UPDATE`)
+	_, err = locker.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))`, postgres.LockWrite)
 	require.NoError(t, err)
 	blocked := make(chan error, 1)
 	go func() {

@@ -78,6 +78,11 @@ type endedStep struct {
 // tasks_unsettled holds nothing else), and only when some end may be a
 // run task's.
 func (t *txn) settle() error {
+	if t.Ended() > t.settledEnds {
+		if err := t.exclusive("tasks of workflow runs ended"); err != nil {
+			return err // a shared write: run again exclusively
+		}
+	}
 	var ended []endedStep
 	for t.Ended() > t.settledEnds {
 		left, n := t.Ended()-t.settledEnds, 0

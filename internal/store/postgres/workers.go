@@ -80,7 +80,8 @@ func (s *Store) Shortfall(ctx context.Context) ([]store.Shortfall, error) {
 
 // Heartbeat extends a worker's lease; see store.Store.
 func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams, lease time.Duration) (lost, cancel, orphans []int64, err error) {
-	err = s.run(ctx, nil, func(t *txn) error {
+	// Shared (txn.go): it changes no counter, only the worker's row.
+	err = s.runLocked(ctx, &lockSet{hint: []string{"w:" + workerID}}, nil, func(t *txn) error {
 		lost, cancel, orphans = nil, nil, nil
 		now := store.FromUS(t.now)
 		var updated bool

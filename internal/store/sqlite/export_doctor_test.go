@@ -8,3 +8,10 @@ func (s *Store) ExecRaw(ctx context.Context, q string) error {
 	_, err := s.w.ExecContext(ctx, q)
 	return err
 }
+
+// SetEnvCounters sets the environment's counters behind the store's
+// back (storetest).
+func (s *Store) SetEnvCounters(ctx context.Context, running, active, lane int64) error {
+	_, err := s.w.ExecContext(ctx, `UPDATE env SET running = ?, active = ?, lane = ?`, running, active, lane)
+	return err
+}

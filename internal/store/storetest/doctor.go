@@ -31,6 +31,9 @@ var doctorTests = tests{
 // export_doctor_test.go): the doctor's tests corrupt counters with it.
 type rawSQL interface {
 	ExecRaw(ctx context.Context, sql string) error
+	// SetEnvCounters sets the environment's counters, which each store
+	// keeps its own way.
+	SetEnvCounters(ctx context.Context, running, active, lane int64) error
 }
 
 // corrupt runs statements on the database behind the store's back. The
@@ -143,8 +146,8 @@ func testDoctorCounters(t *testing.T, ns NewStore) {
 	h.healthy()
 
 	h.corrupt(`UPDATE subqueues SET running = running + 2, queued = 0, lent = 1 WHERE queue = 'q'`,
-		`UPDATE queues SET active = 1 WHERE name = 'q'`,
-		`UPDATE env SET running = 7, active = 9, lane = 1`)
+		`UPDATE queues SET active = 1 WHERE name = 'q'`)
+	require.NoError(t, h.st.(rawSQL).SetEnvCounters(h.ctx, 7, 9, 1))
 	want := []finding{
 		{"env running", "env", 7, 3},
 		{"env active", "env", 9, 5},

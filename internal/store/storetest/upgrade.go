@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +17,9 @@ import (
 // ready or queued, for a kind no registered worker serves, and a ready
 // one gives its slot back. undo runs SQL on the store's database (in a
 // dialect both stores read): it puts the store back as an earlier version
-// left it, before that migration (migration names it).
-func ParkStraysOnUpgrade(t *testing.T, st store.Store, migration string, undo func(sql string) error) {
+// left it, before that migration (migrations names it and those after
+// it that undo also undid: they run again).
+func ParkStraysOnUpgrade(t *testing.T, st store.Store, migrations []string, undo func(sql string) error) {
 	ctx := context.Background()
 	_, err := st.SetEnvLimit(ctx, 1)
 	require.NoError(t, err)
@@ -29,10 +31,10 @@ func ParkStraysOnUpgrade(t *testing.T, st store.Store, migration string, undo fu
 	// As an earlier version left them: the worker leaves x, its tasks
 	// stay ready; the migration is to come.
 	require.NoError(t, undo(`DELETE FROM worker_kinds WHERE kind = 'x';
-		DROP INDEX tasks_unserved; DELETE FROM schema_migrations WHERE name = '`+migration+`'`))
+		DROP INDEX tasks_unserved; DELETE FROM schema_migrations WHERE name IN ('`+strings.Join(migrations, "', '")+`')`))
 	applied, err := st.Migrate(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []string{migration}, applied)
+	require.Equal(t, migrations, applied)
 	env, err := st.EnvStatus(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, env.Running, "y took the slot x gave back")
