@@ -112,6 +112,7 @@ func (s *Store) Heartbeat(ctx context.Context, workerID string, p sluice.Heartbe
 
 // DeregisterWorker removes a worker; see store.Store.
 func (s *Store) DeregisterWorker(ctx context.Context, workerID string, backoff store.Backoff) (store.Outcome, error) {
+	s.hints.Delete("w:" + workerID) // its writes' hint (txn.go)
 	return s.write(ctx, func(t *txn) error {
 		var deleted bool
 		t.b.Queue(`DELETE FROM workers WHERE id = $1`, workerID).Exec(func(ct pgconn.CommandTag) error {
