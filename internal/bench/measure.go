@@ -9,15 +9,15 @@ import (
 // and the end of its measured phase: PostgreSQL's CPU (pgcpu.go), the
 // latency proxy's counts, deadlocks and the stores' retries.
 
-// writeRetrier is what a store offers once it retries write transactions
-// that PostgreSQL aborted as a deadlock (SQLSTATE 40P01) or a
-// serialization failure (40001): how many it retried since it opened.
-// None does today: internal/store/postgres/txn.go (Store.run) does not
-// retry, so such an error fails the call. The hook for a retry is there,
-// around the transaction in Store.run, counting into a field this method
-// returns; the bench then reports it (ThroughputResult.WriteRetries).
+// writeRetrier is what a store offers that retries write transactions
+// PostgreSQL aborted as a deadlock (SQLSTATE 40P01) or a serialization
+// failure (40001): how many it retried since it opened; and how many of
+// its shared writes ran again exclusively (internal/store/postgres/txn.go,
+// the write lock). The bench reports both (ThroughputResult.WriteRetries,
+// WriteEscalations).
 type writeRetrier interface {
 	WriteRetries() int64
+	WriteEscalations() int64
 }
 
 // retriesCounted reports whether the stores count their retries.
@@ -28,14 +28,14 @@ func (f *fleet) retriesCounted() bool {
 
 // writeRetries adds up the retries of every server's store (0 where a
 // store does not count them).
-func (f *fleet) writeRetries() int64 {
-	var n int64
+func (f *fleet) writeRetries() (retries, escalations int64) {
 	for _, r := range f.servers() {
 		if wr, ok := r.eng.Store().(writeRetrier); ok {
-			n += wr.WriteRetries()
+			retries += wr.WriteRetries()
+			escalations += wr.WriteEscalations()
 		}
 	}
-	return n
+	return retries, escalations
 }
 
 // roundTrips adds up the chunks the servers sent through their proxies
@@ -64,11 +64,11 @@ func (e *env) deadlocks(ctx context.Context) int64 {
 
 // measure holds the readings taken as a throughput measure starts.
 type measure struct {
-	f                   *fleet
-	pg                  *pgCPU
-	pg0                 pgCPUReading
-	trips0              int64
-	deadlocks0, retries int64
+	f                                *fleet
+	pg                               *pgCPU
+	pg0                              pgCPUReading
+	trips0                           int64
+	deadlocks0, retries, escalations int64
 }
 
 // startMeasure takes the readings a throughput measure compares against
@@ -76,7 +76,8 @@ type measure struct {
 // the proxies' counts, deadlocks, retries.
 func (f *fleet) startMeasure(ctx context.Context) *measure {
 	e := f.envs[0]
-	m := &measure{f: f, deadlocks0: e.deadlocks(ctx), retries: f.writeRetries(), trips0: f.roundTrips()}
+	m := &measure{f: f, deadlocks0: e.deadlocks(ctx), trips0: f.roundTrips()}
+	m.retries, m.escalations = f.writeRetries()
 	if e.postgres {
 		apps := make([]string, len(f.envs))
 		for i, e := range f.envs {
@@ -100,5 +101,6 @@ func (m *measure) finish(ctx context.Context, r *ThroughputResult) {
 		r.DBRoundTripsPerTask = float64(m.f.roundTrips()-m.trips0) / float64(r.Tasks)
 	}
 	r.Deadlocks = m.f.envs[0].deadlocks(ctx) - m.deadlocks0
-	r.WriteRetries = m.f.writeRetries() - m.retries
+	retries, escalations := m.f.writeRetries()
+	r.WriteRetries, r.WriteEscalations = retries-m.retries, escalations-m.escalations
 }

@@ -61,9 +61,10 @@ type ScalingRow struct {
 	PostgresCPUPerTask    float64 `json:"postgres_cpu_us_per_task"`
 	PostgresAllCPUPerTask float64 `json:"postgres_all_cpu_us_per_task"`
 	DBRoundTripsPerTask   float64 `json:"db_round_trips_per_task"`
-	// Deadlocks and WriteRetries add up the rounds'.
-	Deadlocks    int64 `json:"deadlocks"`
-	WriteRetries int64 `json:"write_retries"`
+	// Deadlocks, WriteRetries and WriteEscalations add up the rounds'.
+	Deadlocks        int64 `json:"deadlocks"`
+	WriteRetries     int64 `json:"write_retries"`
+	WriteEscalations int64 `json:"write_escalations"`
 }
 
 // scalingShapes are the throughput shapes of cfg.Only: (a) unbounded,
@@ -160,6 +161,7 @@ func (s *ScalingResult) summarise() {
 		}
 		row.Deadlocks += r.Deadlocks
 		row.WriteRetries += r.WriteRetries
+		row.WriteEscalations += r.WriteEscalations
 		runs[k] = append(runs[k], r)
 	}
 	// Shapes in the order they ran, then replica counts as listed, each
@@ -222,7 +224,7 @@ func (s *ScalingResult) markdown(p func(format string, args ...any)) {
 		p("\nN deployments (bound): N servers side by side on the same PostgreSQL, each on a schema of its own (its own env row, so no lock shared) with its own worker (and its own proxy at a distance), queue i on deployment i mod N, all started together: what a design whose writers share nothing but PostgreSQL could reach on this machine. Tasks/s are all tasks over the first start → last finish of any deployment, as for replicas; the deployments' own tasks/s summed (medians): %s.\n",
 			s.summedMedians())
 	}
-	p("\n| Scenario | Replicas | Tasks/s (each round) | × %d (each round) | Median × | CPU µs/task: servers / workers / PostgreSQL backends (all PostgreSQL) | DB round trips/task | Deadlocks / retries |\n|---|---|---|---|---|---|---|---|\n", s.Base)
+	p("\n| Scenario | Replicas | Tasks/s (each round) | × %d (each round) | Median × | CPU µs/task: servers / workers / PostgreSQL backends (all PostgreSQL) | DB round trips/task | Deadlocks / retries / exclusive reruns |\n|---|---|---|---|---|---|---|---|\n", s.Base)
 	for _, r := range s.Rows {
 		tps := make([]string, len(r.TasksPerSec))
 		for i, v := range r.TasksPerSec {
@@ -240,7 +242,7 @@ func (s *ScalingResult) markdown(p func(format string, args ...any)) {
 		if r.PostgresCPUPerTask > 0 || r.PostgresAllCPUPerTask > 0 {
 			pg = fmt.Sprintf("%.0f (%.0f)", r.PostgresCPUPerTask, r.PostgresAllCPUPerTask)
 		}
-		retries := fmt.Sprint(r.WriteRetries)
+		retries := fmt.Sprintf("%d / %d", r.WriteRetries, r.WriteEscalations)
 		if !s.RetriesCounted {
 			retries += " (not counted by the store)"
 		}

@@ -87,9 +87,11 @@ type ThroughputResult struct {
 	// database (pg_stat_database.deadlocks, every session's) over the
 	// measured phase; WriteRetries the write transactions the stores
 	// retried after a deadlock or a serialization failure, where a
-	// store counts them (see writeRetrier).
-	Deadlocks    int64 `json:"deadlocks,omitempty"`
-	WriteRetries int64 `json:"write_retries,omitempty"`
+	// store counts them (see writeRetrier); WriteEscalations the
+	// shared writes it ran again exclusively.
+	Deadlocks        int64 `json:"deadlocks,omitempty"`
+	WriteRetries     int64 `json:"write_retries,omitempty"`
+	WriteEscalations int64 `json:"write_escalations,omitempty"`
 	// Claims and Completes count the claim and complete transactions
 	// that handed out or finished tasks (distinct start and finish
 	// times): Tasks over them is the average batch.
