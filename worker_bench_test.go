@@ -133,7 +133,7 @@ func BenchmarkTenThousandSleeps(b *testing.B) {
 // whose claim loop claims the slots of results on their way to the
 // server parks there holding them, and the completions go on refilling
 // only the slots they held when it parked: few tasks a call, many calls a
-// task (docs/benchmarks.md, "The claim-loop cliff"). calls/ktask is claim
+// task (docs/benchmarks-history.md, "The claim-loop cliff"). calls/ktask is claim
 // plus complete calls per 1,000 tasks; results/complete and tasks/claim
 // are the mean batches.
 func BenchmarkWorkerClaimBatches(b *testing.B) {

@@ -97,7 +97,7 @@ type WorkerConfig struct {
 	// returned, or ResultLinger after the latest of them started. Short
 	// tasks claimed together then end together: a queue limited to 100
 	// no-op tasks ends them in calls of about 100 results instead of two
-	// alternating halves of 50 (docs/benchmarks.md, "Result linger").
+	// alternating halves of 50 (docs/benchmarks-history.md, "Result linger").
 	// Zero means the default, 1ms; a negative value turns it off. At
 	// most 1s.
 	ResultLinger time.Duration

@@ -27,7 +27,7 @@ import (
 // slot; completions that claim do not wake a worker's own long-poll (its
 // look took all it could), so it stayed parked while the complete calls
 // went on refilling only the slots they held when it parked: on a no-op
-// queue, runs of 3–60 tasks a call instead of 600 (docs/benchmarks.md,
+// queue, runs of 3–60 tasks a call instead of 600 (docs/benchmarks-history.md,
 // "The claim-loop cliff").
 type producer struct {
 	w *Worker // for the backend, the held runs and the other roles

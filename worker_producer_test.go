@@ -17,7 +17,7 @@ import (
 // call belongs to that call's claim: the claim loop never claims it, so
 // it never long-polls for a slot the server still counts as held (and
 // parks there, holding it, while completions refill the rest: the
-// claim-loop cliff, docs/benchmarks.md). Here the first complete call,
+// claim-loop cliff, docs/benchmarks-history.md). Here the first complete call,
 // carrying one result, is held in flight while the three other tasks of
 // the first claim end: the claim loop makes no claim for their slots,
 // and the next call asks for them. The fake checks every claim against

@@ -599,7 +599,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 	// count, which frees a slot when the handler returns, before the
 	// result lands: by it, a busy worker waiting here looked idler than
 	// the completing one, which then left its freed slots to a second
-	// transaction almost every time (docs/benchmarks.md, "Four workers on
+	// transaction almost every time (docs/benchmarks-history.md, "Four workers on
 	// one limited queue").
 	piggyback := p.Claim > 0 && (e.cfg.Dispatch == DispatchSpread || e.disp.mayServe(workerID))
 	var (

@@ -171,7 +171,7 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 // running here: a worker reports a slot free as soon as its handler
 // returns, while the task holds the slot until its result lands, so by
 // the report alone busy workers looked idle and almost every completion
-// yielded (docs/benchmarks.md, "Four workers on one limited queue").
+// yielded (docs/benchmarks-history.md, "Four workers on one limited queue").
 //
 // The count stops once it shows fewer free slots than the claim asks for
 // ($3), reading at most slots − $3 + 1 entries of tasks_running a worker,
