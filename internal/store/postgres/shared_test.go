@@ -140,7 +140,7 @@ func TestPostgresSharedWritesLedger(t *testing.T) {
 	running := map[string]int{} // queue/key → running now, by the ledger
 	envRunning, envLimit := 0, 0
 	var violations []string
-	ran := map[int64]int{}  // task → successes
+	ran := map[int64]int{}      // task → successes
 	seen := map[[2]int64]bool{} // task, attempt → claimed
 	enqueued := map[int64]bool{}
 
