@@ -168,8 +168,9 @@ func fairnessConfig() Config {
 
 // TestFairnessRoundRobin is the measure at a tiny size, with its bound.
 func TestFairnessRoundRobin(t *testing.T) {
-	// 800 tasks of the big tenant by default, 2,000 in the long suite.
-	runFairness(t.Context(), t, fairnessConfig(), fairnessSpec{big: testutil.Size(800, 2000), small: 100, idle: 1000, envLimit: 10})
+	// 400 tasks of the big tenant and 500 idle keys by default, 2,000
+	// and 1,000 in the long suite (SLUICE_TEST_LONG).
+	runFairness(t.Context(), t, fairnessConfig(), fairnessSpec{big: testutil.Size(400, 2000), small: 100, idle: testutil.Size(500, 1000), envLimit: 10})
 }
 
 // BenchmarkFairness100kKeys is S-FC3 at full size: 50,000 tasks of one

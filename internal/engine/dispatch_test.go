@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/engine"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // runDistribution runs tasks, triggered one after another, over three SDK
@@ -24,7 +24,7 @@ func runDistribution(t *testing.T, policy engine.Dispatch, tasks int) map[string
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "d.db"))
+	st, err := sqlite.Open(ctx, testutil.MigratedSQLite(t))
 	require.NoError(t, err)
 	defer st.Close()
 	_, err = st.Migrate(ctx)

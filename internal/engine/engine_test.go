@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/engine"
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -91,7 +91,7 @@ func newFixture(t *testing.T, cfg engine.Config) *fixture {
 	t.Helper()
 	t.Parallel()
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "engine.db"))
+	st, err := sqlite.Open(ctx, testutil.MigratedSQLite(t))
 	require.NoError(t, err)
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)

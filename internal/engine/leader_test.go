@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/engine"
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // leaderStore is a store whose leadership the test grants and takes back
@@ -27,7 +27,7 @@ type leaderStore struct {
 func TestBackgroundServicesRunOnlyWhileLeading(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "l.db"))
+	st, err := sqlite.Open(ctx, testutil.MigratedSQLite(t))
 	require.NoError(t, err)
 	defer st.Close()
 	_, err = st.Migrate(ctx)

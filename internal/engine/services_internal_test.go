@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/sqlite"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 // Each service's runOnce, called directly, and its loop, waited on
@@ -39,7 +40,7 @@ func setupService(t *testing.T) *serviceBundle {
 	t.Helper()
 	t.Parallel()
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "svc.db"))
+	st, err := sqlite.Open(ctx, testutil.MigratedSQLite(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	_, err = st.Migrate(ctx)

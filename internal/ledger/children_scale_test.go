@@ -20,11 +20,11 @@ import (
 // 12, on four workers (one over HTTP), one of which goes dark mid-run.
 // runChildWorkload (children_test.go) lists the checks.
 //
-// By default 40 trees, a size that keeps the package within its time
-// budget under -race on a small machine; SLUICE_LEDGER_FULL=1 runs 200
-// (and -short 20).
+// By default 25 trees, a size that keeps the package within its time
+// budget under -race on a small machine; the long suite
+// (SLUICE_TEST_LONG) or SLUICE_LEDGER_FULL=1 runs 200 (and -short 20).
 func TestChildWaitLedgerAtScale(t *testing.T) {
-	roots := 40
+	roots := 25
 	switch {
 	case os.Getenv("SLUICE_LEDGER_FULL") != "" || testutil.Long():
 		roots = 200

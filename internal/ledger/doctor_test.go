@@ -97,7 +97,8 @@ steps:
 	for g := range 4 {
 		load.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
-			for i := range testutil.Size(50, 100) {
+			// 30 tasks each by default, 100 in the long suite (SLUICE_TEST_LONG).
+			for i := range testutil.Size(30, 100) {
 				p := sluice.TriggerParams{Kind: "work", Input: json.RawMessage(fmt.Sprintf(`{"fail":%d}`, rng.IntN(10)/9)), MaxAttempts: 3}
 				switch i % 5 {
 				case 0, 1:

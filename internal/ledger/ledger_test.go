@@ -59,8 +59,8 @@ func TestLedgerHandoverNeverExceedsLimits(t *testing.T) { TestLedgerNeverExceeds
 
 func TestLedgerNeverExceedsLimits(t *testing.T) {
 	t.Parallel()
-	// 800 tasks by default, 2,000 in the long suite (SLUICE_TEST_LONG).
-	total := envInt("SLUICE_LEDGER_TASKS", testutil.Size(800, 2000))
+	// 400 tasks by default, 2,000 in the long suite (SLUICE_TEST_LONG).
+	total := envInt("SLUICE_LEDGER_TASKS", testutil.Size(400, 2000))
 	const (
 		maxRunning = 25
 		keys       = 50

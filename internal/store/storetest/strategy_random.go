@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/testutil"
 )
 
 func init() {
@@ -43,7 +44,8 @@ func testCancelInProgressRandom(t *testing.T, ns NewStore) {
 	}
 	held := map[string][]sluice.ClaimedTask{}
 	seq := map[string]int64{}
-	const steps = 100
+	// 50 steps by default, 100 in the long suite (SLUICE_TEST_LONG).
+	steps := testutil.Size(50, 100)
 	for step := range steps {
 		wi := rng.IntN(len(workers))
 		w := workers[wi]
