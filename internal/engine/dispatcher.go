@@ -77,6 +77,11 @@ type dispatcher struct {
 	chaining bool
 	again    bool
 	except   string // worker the chain's first round skips (wakeExcept)
+	// only: the kinds the chain's first round is for (wakeKinds); nil:
+	// every waiter. kinds: the kinds each worker registered on this
+	// server serves; a worker not in it may serve any.
+	only  map[string]bool
+	kinds map[string]map[string]bool
 
 	// epoch counts the changes that could let a claim find more work
 	// (tasks readied, slots freed, limits or pauses changed, another
@@ -97,7 +102,8 @@ type spentLook struct {
 const spentFor = time.Second
 
 func newDispatcher(p Dispatch) *dispatcher {
-	return &dispatcher{policy: p, waiters: map[*waiter]bool{}, served: map[string]int64{}, spent: map[string]spentLook{}}
+	return &dispatcher{policy: p, waiters: map[*waiter]bool{}, served: map[string]int64{}, spent: map[string]spentLook{},
+		kinds: map[string]map[string]bool{}}
 }
 
 // epochNow returns the change count, read before a look.
@@ -192,6 +198,68 @@ func (d *dispatcher) forget(worker string) {
 	d.mu.Lock()
 	delete(d.served, worker)
 	delete(d.spent, worker)
+	delete(d.kinds, worker)
+	d.mu.Unlock()
+}
+
+// maxKnownWorkers bounds the workers whose kinds the dispatcher keeps
+// (workers swept without a deregistration are never forgotten): past it,
+// it forgets them all, which only makes their claims wake for any kind.
+const maxKnownWorkers = 10000
+
+// learn records the kinds a worker registered on this server serves.
+func (d *dispatcher) learn(worker string, kinds []string) {
+	set := make(map[string]bool, len(kinds))
+	for _, k := range kinds {
+		set[k] = true
+	}
+	d.mu.Lock()
+	if len(d.kinds) >= maxKnownWorkers {
+		clear(d.kinds)
+	}
+	d.kinds[worker] = set
+	d.mu.Unlock()
+}
+
+// serves reports whether worker may serve a kind of kinds (nil: any).
+// Call with mu held.
+func (d *dispatcher) serves(worker string, kinds map[string]bool) bool {
+	known, ok := d.kinds[worker]
+	if kinds == nil || !ok {
+		return true
+	}
+	for k := range kinds {
+		if known[k] {
+			return true
+		}
+	}
+	return false
+}
+
+// wakeKinds is wake for tasks of kinds made ready on another server (nil:
+// any kind): a chain it starts goes first only to the waiters whose
+// workers may serve one of them, and none starts when no waiter may. (A
+// chain already running goes round again for everyone.)
+func (d *dispatcher) wakeKinds(kinds []string) {
+	if kinds == nil {
+		d.wake()
+		return
+	}
+	set := make(map[string]bool, len(kinds))
+	for _, k := range kinds {
+		set[k] = true
+	}
+	d.mu.Lock()
+	for w := range d.waiters {
+		if d.serves(w.worker, set) {
+			if !d.chaining {
+				d.only = set
+			}
+			d.wakeLocked("")
+			return
+		}
+	}
+	d.epoch++ // a look of a worker that comes back may find them
 	d.mu.Unlock()
 }
 
@@ -287,11 +355,11 @@ func (d *dispatcher) chain() {
 		d.mu.Lock()
 		list := make([]*waiter, 0, len(d.waiters))
 		for w := range d.waiters {
-			if w.worker != d.except {
+			if w.worker != d.except && d.serves(w.worker, d.only) {
 				list = append(list, w)
 			}
 		}
-		d.except = ""
+		d.except, d.only = "", nil
 		d.again = false
 		sort.Slice(list, func(i, j int) bool { return d.before(list[i], list[j]) })
 		d.mu.Unlock()

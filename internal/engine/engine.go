@@ -434,6 +434,7 @@ func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerPara
 	if err != nil {
 		return nil, err
 	}
+	e.disp.learn(id, p.Kinds)
 	e.log.Info("worker registered", "worker", id, "name", p.Name, "kinds", p.Kinds, "slots", p.Slots, "handover", p.Handover)
 	return &sluice.WorkerRegistration{ID: id, Lease: sluice.Duration(e.cfg.Lease), HeartbeatInterval: sluice.Duration(e.cfg.HeartbeatInterval),
 		ChainResults: true}, nil

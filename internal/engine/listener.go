@@ -12,10 +12,10 @@ import (
 type listener struct {
 	serviceBase
 	n    store.Notifier
-	wake func()
+	wake func(kinds []string)
 }
 
-func newListener(deps serviceDeps, n store.Notifier, wake func()) *listener {
+func newListener(deps serviceDeps, n store.Notifier, wake func(kinds []string)) *listener {
 	return &listener{serviceBase: serviceBase{name: "listener", log: deps.log}, n: n, wake: wake}
 }
 

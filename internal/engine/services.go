@@ -31,8 +31,8 @@ func (e *Engine) newServices() {
 	e.cron = newCronService(deps, cronConfig{MaxWait: schedulerMaxWait}, e.newRun,
 		func() store.Limits { return store.Limits{MaxActive: e.cfg.MaxActive} }, e.after)
 	if n, ok := e.st.(store.Notifier); ok {
-		e.listener = newListener(deps, n, func() {
-			e.disp.wake()
+		e.listener = newListener(deps, n, func(kinds []string) {
+			e.disp.wakeKinds(kinds)
 			e.waits.wasReadied() // a parent's slots may be back
 		})
 	}

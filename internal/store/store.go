@@ -369,10 +369,11 @@ type Store interface {
 
 // Notifier is implemented by stores that several servers share: Listen
 // calls onReady whenever another server's transaction made tasks ready, so
-// long-polling workers of this server wake at once. It returns when ctx
-// ends.
+// long-polling workers of this server wake at once: with the kinds of the
+// tasks when it knows them, so that only the workers serving them wake
+// (nil: any kind). It returns when ctx ends.
 type Notifier interface {
-	Listen(ctx context.Context, onReady func()) error
+	Listen(ctx context.Context, onReady func(kinds []string)) error
 }
 
 // ConcurrentWriter is implemented by stores whose write transactions

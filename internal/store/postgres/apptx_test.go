@@ -37,7 +37,7 @@ func TestPostgresEnqueueTx(t *testing.T) {
 	var signals atomic.Int64
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- st.Listen(lctx, func() { signals.Add(1) }) }()
+	go func() { done <- st.Listen(lctx, func([]string) { signals.Add(1) }) }()
 	defer func() {
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)

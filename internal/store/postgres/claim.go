@@ -248,6 +248,7 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 				}
 				if wasPromoted {
 					promoted(sq)
+					t.readiedKind(c.Kind) // counted, whether or not this claim takes it
 				}
 				if !claimed {
 					return nil

@@ -261,13 +261,34 @@ func (t *txn) refillQueues(pre *eligibleRead) error {
 // database ignore it. PostgreSQL delivers it at commit.
 func (t *txn) notify() {
 	if t.Readied() > 0 && t.shared {
-		t.notifyLater = true // see notifySoon
+		t.notifyLater = true // see notifySoon, with readyKinds
 		return
 	}
 	if t.Readied() > 0 && !t.notified {
 		t.exec("notify", `SELECT pg_notify('sluice_ready', coalesce(current_schema(), ''))`)
 		t.notified = true
 	}
+}
+
+// readiedKind records the kind of a task this transaction made ready,
+// for the notification of a shared write (notifySoon): the other
+// replicas then wake only the claims of workers that serve it.
+func (t *txn) readiedKind(kind string) {
+	if t.readyKinds == nil {
+		t.readyKinds = map[string]bool{}
+	}
+	t.readyKinds[kind] = true
+	t.readyKnown++
+}
+
+// readyNotice is what a shared write's notification says: the kinds it
+// made ready, or nil (every kind) when it made ready tasks whose kinds it
+// did not record.
+func (t *txn) readyNotice() map[string]bool {
+	if t.readyKnown < t.Readied() {
+		return nil
+	}
+	return t.readyKinds
 }
 
 // promotion is the head of one sub-queue's wait list moving to ready:
@@ -306,9 +327,9 @@ const headsSQL = `SELECT h.id, p.rank FROM unnest($1::bigint[], $2::bigint[], $3
 const promoteSQL = `WITH moved AS (
 		UPDATE tasks t SET state = 'ready', rank = h.rank FROM (` + headsSQL + `) h
 		WHERE t.id = h.id
-		RETURNING t.sq),
+		RETURNING t.sq, t.kind),
 	chk AS (UPDATE env_slices SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $5 THEN 1 ELSE 0 END) WHERE slice = ` + sliceSQL + `)
-	SELECT sq FROM moved`
+	SELECT sq, kind FROM moved`
 
 // promotionArgs are the arrays headsSQL reads.
 func promotionArgs(ps []promotion) []any {
@@ -371,10 +392,12 @@ func (t *txn) checkPromoted(ps []promotion) func(br pgx.BatchResults) error {
 		defer rows.Close()
 		for rows.Next() {
 			var sq int64
-			if err := rows.Scan(&sq); err != nil {
+			var kind string
+			if err := rows.Scan(&sq, &kind); err != nil {
 				return fmt.Errorf("refill: promoting: %w", err)
 			}
 			got[sq]++
+			t.readiedKind(kind)
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("refill: promoting: %w", err)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,12 +27,18 @@ func (s *Store) connect(ctx context.Context, role string) (*pgx.Conn, error) {
 
 // readyChannel is the NOTIFY channel of transactions that readied tasks.
 // The payload is the schema (current_schema()), so several deployments in
-// one database do not wake each other.
+// one database do not wake each other, and then, one a line, the kinds of
+// the tasks made ready when the sender knew them all (a shared write's,
+// notifySoon): none means any kind. (Kinds are names of [A-Za-z0-9_.:-].)
 const readyChannel = "sluice_ready"
+
+// maxPayload bounds a notification's payload below PostgreSQL's 8000
+// bytes: one that would name more kinds names none (any kind).
+const maxPayload = 7000
 
 // Listen holds a connection that LISTENs on sluice_ready and calls onReady
 // for each notification of this store's schema: another replica committed
-// a transaction that made tasks ready. Notifications sent by this store's
+// a transaction that made tasks ready, of the kinds given (nil: any kind). Notifications sent by this store's
 // own connections (their backend PIDs, recorded as the pool opens them)
 // are ignored: the engine that made them wakes its own waiters, and
 // waking them again made a worker whose completion had just claimed its
@@ -40,7 +49,7 @@ const readyChannel = "sluice_ready"
 // 5 s) until ctx ends or the store closes, and then returns ctx's error (nil
 // if the store closed). onReady runs on Listen's goroutine: it should only
 // signal.
-func (s *Store) Listen(ctx context.Context, onReady func()) error {
+func (s *Store) Listen(ctx context.Context, onReady func(kinds []string)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(s.closed, cancel)
@@ -68,7 +77,7 @@ func (s *Store) Listen(ctx context.Context, onReady func()) error {
 
 // listen runs one LISTEN session until it fails or ctx ends. connected
 // reports whether it got as far as listening.
-func (s *Store) listen(ctx context.Context, onReady func()) (connected bool, err error) {
+func (s *Store) listen(ctx context.Context, onReady func(kinds []string)) (connected bool, err error) {
 	conn, err := s.connect(ctx, "listen")
 	if err != nil {
 		return false, err
@@ -81,10 +90,17 @@ func (s *Store) listen(ctx context.Context, onReady func()) (connected bool, err
 	if _, err := conn.Exec(ctx, "LISTEN "+readyChannel); err != nil {
 		return false, err
 	}
-	onReady()
+	onReady(nil)
 	return true, s.watch(ctx, conn, func(n *pgconn.Notification) {
-		if _, own := s.ownPIDs.Load(n.PID); !own && n.Channel == readyChannel && n.Payload == schema {
-			onReady()
+		if _, own := s.ownPIDs.Load(n.PID); own || n.Channel != readyChannel {
+			return
+		}
+		if lines := strings.Split(n.Payload, "\n"); lines[0] == schema {
+			var kinds []string
+			if len(lines) > 1 {
+				kinds = lines[1:]
+			}
+			onReady(kinds)
 		}
 	})
 }
@@ -181,11 +197,46 @@ func (s *Store) holdLead(ctx context.Context, conn *pgx.Conn) {
 // without waiting for the flush (a notification lost in a crash costs
 // nothing: listeners look again when they reconnect), and one for any
 // number of writes that asked while it was sending.
-func (s *Store) notifySoon() {
+//
+// kinds are the kinds of the tasks made ready (nil: any kind); the
+// notification names the kinds of every write it stands for, or none
+// when one of them gave none.
+func (s *Store) notifySoon(kinds map[string]bool) {
+	s.notifyMu.Lock()
+	switch {
+	case kinds == nil:
+		s.notifyAll = true
+	case !s.notifyAll:
+		if s.notifyKinds == nil {
+			s.notifyKinds = map[string]bool{}
+		}
+		for k := range kinds {
+			s.notifyKinds[k] = true
+		}
+	}
+	s.notifyMu.Unlock()
 	select {
 	case s.notifyCh <- struct{}{}:
 	default:
 	}
+}
+
+// notifyPayload takes the kinds asked for since the last notification and
+// returns the payload naming them (readyChannel).
+func (s *Store) notifyPayload(schema string) string {
+	s.notifyMu.Lock()
+	all, kinds := s.notifyAll, s.notifyKinds
+	s.notifyAll, s.notifyKinds = false, nil
+	s.notifyMu.Unlock()
+	if all || len(kinds) == 0 {
+		return schema
+	}
+	names := slices.Sorted(maps.Keys(kinds))
+	p := schema + "\n" + strings.Join(names, "\n")
+	if len(p) > maxPayload {
+		return schema
+	}
+	return p
 }
 
 // notifier sends the notifications asked for by notifySoon until the
@@ -232,10 +283,15 @@ func (s *Store) sendNotify(ctx context.Context, conn **pgx.Conn) error {
 		s.ownPIDs.Store(c.PgConn().PID(), struct{}{})
 		*conn = c
 	}
+	if s.notifySchema == "" {
+		if err := (*conn).QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&s.notifySchema); err != nil {
+			return err
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue("begin")
 	b.Queue("SET LOCAL synchronous_commit = off")
-	b.Queue(`SELECT pg_notify('` + readyChannel + `', coalesce(current_schema(), ''))`)
+	b.Queue(`SELECT pg_notify('`+readyChannel+`', $1)`, s.notifyPayload(s.notifySchema))
 	b.Queue("commit")
 	return (*conn).SendBatch(ctx, b).Close()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,9 +56,23 @@ func TestPostgresListen(t *testing.T) {
 	}
 
 	var signals atomic.Int64
+	var kindsMu sync.Mutex
+	var lastKinds []string // the kinds of the last notification
+	kinds := func() []string {
+		kindsMu.Lock()
+		defer kindsMu.Unlock()
+		return lastKinds
+	}
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- b.Listen(lctx, func() { signals.Add(1) }) }()
+	go func() {
+		done <- b.Listen(lctx, func(k []string) {
+			kindsMu.Lock()
+			lastKinds = k
+			kindsMu.Unlock()
+			signals.Add(1)
+		})
+	}()
 	defer func() {
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)
@@ -78,6 +93,7 @@ func TestPostgresListen(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, o.Readied)
 	atLeast(2, "a ready task wakes the other replica")
+	require.Equal(t, []string{"k"}, kinds(), "naming the kind made ready")
 	t.Logf("wake-up after %s", time.Since(start))
 	// Notifications arrive in commit order: had the earlier commits
 	// notified, the count would pass 2 at once.
@@ -98,6 +114,7 @@ func TestPostgresListen(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, o.Readied)
 	atLeast(n+1, "a refill wakes the other replica")
+	require.Equal(t, []string{"q"}, kinds(), "naming the kind made ready")
 
 	// The listener's own store readying tasks does not signal it: its
 	// engine wakes its own waiters. (Nor do commits before this one, as

@@ -106,8 +106,14 @@ type Store struct {
 	envHint              atomic.Int64
 	hints                sync.Map
 	retries, escalations atomic.Int64
-	// notifyCh wakes the notifier (notifySoon).
-	notifyCh chan struct{}
+	// notifyCh wakes the notifier (notifySoon), which names the kinds
+	// asked for since its last notification (notifyKinds; all of them:
+	// notifyAll) in the schema's payload.
+	notifyCh     chan struct{}
+	notifyMu     sync.Mutex
+	notifyAll    bool
+	notifyKinds  map[string]bool
+	notifySchema string
 
 	// closed ends Listen loops and leaderships when the store closes.
 	closed    context.Context

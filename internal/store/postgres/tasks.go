@@ -315,6 +315,9 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			pausedFrom = flow.PausedFrom(state)
 		default:
 			state, pausedFrom, rank, err = t.Enter(sq, q, runAt > t.now, nt.Kind)
+			if state == sluice.StateReady {
+				t.readiedKind(nt.Kind)
+			}
 		}
 		if err != nil {
 			return err

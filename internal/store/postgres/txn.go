@@ -40,8 +40,11 @@ type txn struct {
 	shared bool
 	locked map[string]bool
 	// notified: NOTIFY is queued; notifyLater: a shared write that readied
-	// tasks notifies after its commit (notifySoon).
+	// tasks notifies after its commit (notifySoon), naming the kinds of
+	// readyKnown of them (readiedKind).
 	notified, notifyLater bool
+	readyKinds            map[string]bool
+	readyKnown            int
 	ids                   []int64 // task ids drawn by prepareInsert
 	// deferring: the refill records its promotions in deferred (with
 	// deferredN, the tasks deferred per sub-queue) instead of writing
@@ -306,7 +309,7 @@ func (s *Store) runOnce(ctx context.Context, shared bool, ls *lockSet, prelude f
 		return err
 	}
 	if t.notifyLater {
-		s.notifySoon()
+		s.notifySoon(t.readyNotice())
 	}
 	return nil
 }
