@@ -354,7 +354,7 @@ func TestChildExplainLentSlot(t *testing.T) {
 	require.NoError(t, err)
 	c := f.get(child)
 	require.Equal(t, sluice.StateQueued, c.State)
-	require.Equal(t, fmt.Sprintf(`parent task %d holds the slot it lent for it: it starts on it ahead of queue "q"'s order once nothing else stops it (environment 1/1 running)`, parent.ID), c.Explain)
+	require.Equal(t, fmt.Sprintf(`parent task %d holds the slot it lent for it: it starts on it ahead of queue "q"'s order once nothing else stops it (environment 1/1 taken)`, parent.ID), c.Explain)
 	y := f.trigger(sluice.TriggerParams{Kind: "x", Queue: "y"})
 	require.Equal(t, sluice.StateQueued, f.get(y.ID).State)
 

@@ -281,7 +281,7 @@ func TestExplain(t *testing.T) {
 		}
 		task := f.trigger(sluice.TriggerParams{Kind: "k", Queue: "q9"})
 		require.Equal(t, sluice.StateQueued, task.State)
-		require.Equal(t, "environment 3/3 running", f.get(task.ID).Explain)
+		require.Equal(t, "environment 3/3 taken", f.get(task.ID).Explain)
 	})
 	t.Run("queue paused", func(t *testing.T) {
 		f := newFixture(t, engine.Config{})

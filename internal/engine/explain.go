@@ -114,7 +114,7 @@ func (e *Engine) explainQueuedFor(ctx context.Context, t *sluice.Task, onLent bo
 		return "", err
 	}
 	if env.MaxRunning > 0 && env.Running >= env.MaxRunning {
-		return fmt.Sprintf("environment %d/%d running", env.Running, env.MaxRunning), nil
+		return fmt.Sprintf("environment %d/%d taken", env.Running, env.MaxRunning), nil
 	}
 	return "queued: waiting behind earlier tasks of its queue", nil
 }
@@ -176,7 +176,7 @@ func (e *Engine) explainWaitingParent(ctx context.Context, t *sluice.Task) (stri
 			return "", err
 		}
 		if env.MaxRunning > 0 && env.Running >= env.MaxRunning {
-			return fmt.Sprintf("%s ended; waiting for an environment slot (environment %d/%d running), ahead of tasks that never ran",
+			return fmt.Sprintf("%s ended; waiting for an environment slot (environment %d/%d taken), ahead of tasks that never ran",
 				child, env.Running, env.MaxRunning), nil
 		}
 		return fmt.Sprintf("%s ended; it runs again at its worker %s's next wait call", child, t.WorkerID), nil

@@ -137,7 +137,7 @@ func TestOrderRoundRobinAcrossKeys(t *testing.T) {
 	task, err := h.b.GetTask(ctx, b1)
 	require.NoError(t, err)
 	require.Equal(t, sluice.StateQueued, task.State)
-	require.Equal(t, fmt.Sprintf("environment %d/%d running", maxRunning, maxRunning), task.Explain)
+	require.Equal(t, fmt.Sprintf("environment %d/%d taken", maxRunning, maxRunning), task.Explain)
 	h.checkCounters()
 
 	l := ledger.New(ledger.Limits{Env: maxRunning, Worker: map[string]int{"w": maxRunning}})
