@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
@@ -165,8 +166,23 @@ func TestBrowserDashboard(t *testing.T) {
 	br.waitText(`[data-testid="task-state"]`, "queued")
 	br.waitText(`[data-testid="explain"]`, "limited")
 	br.screenshot("task", "")
+	// Cancel asks first; "Keep" and Escape send nothing.
+	br.recordPosts()
 	br.click(`button[data-key="task-cancel"]`)
+	br.answerConfirm("Cancel task #"+strconv.FormatInt(victim, 10), false)
+	br.click(`button[data-key="task-cancel"]`)
+	br.waitJS(`!!document.querySelector("dialog#confirm[open]")`, "the confirmation")
+	br.do(chromedp.KeyEvent(kb.Escape))
+	br.waitJS(`!document.querySelector("dialog#confirm")`, "Escape to close the confirmation")
+	br.waitText(`[data-testid="task-state"]`, "queued")
+	require.Equal(t, "", br.eval2str(`window.__posts.join(" ")`), "a declined cancel sent a request")
+	tk, err := ts.b.GetTask(ctx, victim)
+	require.NoError(t, err)
+	require.Equal(t, sluice.StateQueued, tk.State, "a declined cancel cancelled the task")
+	br.click(`button[data-key="task-cancel"]`)
+	br.answerConfirm("Cancel task #"+strconv.FormatInt(victim, 10), true)
 	br.waitText(`[data-testid="task-state"]`, "cancelled")
+	require.Equal(t, fmt.Sprintf("POST /v1/tasks/%d/cancel", victim), br.eval2str(`window.__posts.join(" ")`))
 	br.click(`button[data-key="task-retry"]`)
 	br.waitText(`[data-testid="task-state"]`, "queued")
 	// A running task's attempt timeline.
@@ -200,6 +216,7 @@ func TestBrowserDashboard(t *testing.T) {
 	br.open(runURL)
 	br.waitText(`[data-step="prep"]`, "succeeded")
 	br.waitText(`[data-step="each"]`, "needs prep")
+	br.waitEdges("prep>each", "each>report")
 	br.waitText(`[data-step="each"] [data-testid="window-fill"]`, "each: 2/20 done, 3 running")
 	br.waitText(`[data-step="each"] [data-testid="window-fill"]`, "15 waiting, window 3")
 	br.waitText(`[data-step="report"]`, "pending")
@@ -210,9 +227,18 @@ func TestBrowserDashboard(t *testing.T) {
 	br.waitText(`[data-testid="run-state"]`, "paused")
 	br.click(`button[data-key="run-resume"]`)
 	br.waitText(`[data-testid="run-state"]`, "running")
+	br.recordPosts()
 	br.click(`button[data-key="run-cancel"]`)
-	br.waitText(`[data-testid="run-state"]`, "cancelled")
+	br.answerConfirm("Cancel run #"+strconv.FormatInt(fx.runID, 10), false)
+	br.waitText(`[data-testid="run-state"]`, "running")
+	require.Equal(t, "", br.eval2str(`window.__posts.join(" ")`), "a declined cancel sent a request")
 	run, err := ts.b.GetRun(ctx, fx.runID)
+	require.NoError(t, err)
+	require.Equal(t, sluice.RunRunning, run.State, "a declined cancel cancelled the run")
+	br.click(`button[data-key="run-cancel"]`)
+	br.answerConfirm("Cancel run #"+strconv.FormatInt(fx.runID, 10), true)
+	br.waitText(`[data-testid="run-state"]`, "cancelled")
+	run, err = ts.b.GetRun(ctx, fx.runID)
 	require.NoError(t, err)
 	require.Equal(t, sluice.RunCancelled, run.State)
 

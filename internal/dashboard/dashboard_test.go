@@ -168,8 +168,10 @@ func TestAssetsWriteNoHTML(t *testing.T) {
 		src, err := os.ReadFile(path.Join("assets", p))
 		require.NoError(t, err)
 		require.Empty(t, bad.FindAllString(string(src), -1), "%s writes HTML or evaluates code", p)
-		require.NotContains(t, string(src), "http://", p)
-		require.NotContains(t, string(src), "https://", p)
+		// The SVG namespace (createElementNS) names, it loads nothing.
+		rest := strings.ReplaceAll(string(src), "'http://www.w3.org/2000/svg'", "")
+		require.NotContains(t, rest, "http://", p)
+		require.NotContains(t, rest, "https://", p)
 		return nil
 	}))
 }

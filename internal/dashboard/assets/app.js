@@ -25,7 +25,7 @@ const ROUTES = [
   [/^\/workers$/, workers],
 ];
 
-const INTERVAL = 1000; // the most often the API is polled
+const INTERVAL = 1000; // the most often the API is polled (a page may ask for less: its interval)
 const main = document.getElementById('main');
 const liveEl = document.getElementById('live');
 const toggle = document.getElementById('live-toggle');
@@ -197,7 +197,7 @@ async function tick() {
   }
   busy = true;
   const focusKey = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.key : undefined;
-  let delay = INTERVAL;
+  let delay = cur.page.interval || INTERVAL;
   let error = null;
   try {
     await cur.inst.refresh();

@@ -71,11 +71,47 @@ export function jsonBlock(title, value, always = false) {
 // actionButton is a real <button> that runs an API call through ctx.act
 // (which disables it meanwhile, reports errors and refreshes the page).
 // key identifies it across re-renders so that keyboard focus survives a
-// live update.
-export function actionButton(ctx, { label, key, run, danger = false, title }) {
+// live update. With confirm ({title, body, yes}), the action runs only
+// once the confirmation dialog is accepted; declined, nothing is sent.
+export function actionButton(ctx, { label, key, run, danger = false, title, confirm }) {
   const b = h('button', { type: 'button', class: danger ? 'danger' : '', 'data-key': key, title }, label);
-  b.addEventListener('click', () => ctx.act(b, label, run));
+  b.addEventListener('click', async () => {
+    if (confirm && !(await confirmDialog(confirm))) return;
+    ctx.act(b, label, run);
+  });
   return b;
+}
+
+// confirmDialog asks before an action that cannot be undone, in a modal
+// <dialog> of the page (not window.confirm, which a page cannot style
+// and a test cannot always answer). It resolves to true when the user
+// confirms, false when they decline (the "Keep" button, Escape). The
+// dialog hangs off <body>, so a live re-render of the page under it
+// leaves it alone; "Keep", the safe choice, has the focus.
+export function confirmDialog({ title, body, yes }) {
+  const old = document.getElementById('confirm');
+  if (old) old.remove();
+  return new Promise((resolve) => {
+    const no = h('button', { type: 'button', 'data-testid': 'confirm-no', value: 'no' }, 'Keep');
+    const ok = h('button', { type: 'button', class: 'danger', 'data-testid': 'confirm-yes', value: 'yes' }, yes || 'Confirm');
+    const dlg = h('dialog', { id: 'confirm', class: 'confirm', 'aria-labelledby': 'confirm-h', 'aria-describedby': 'confirm-body' },
+      h('h2', { id: 'confirm-h' }, title),
+      body ? h('p', { id: 'confirm-body' }, body) : null,
+      h('div', { class: 'actions' }, no, ok));
+    let answer = false;
+    no.addEventListener('click', () => dlg.close());
+    ok.addEventListener('click', () => {
+      answer = true;
+      dlg.close();
+    });
+    dlg.addEventListener('close', () => {
+      dlg.remove();
+      resolve(answer);
+    });
+    document.body.append(dlg);
+    dlg.showModal();
+    no.focus();
+  });
 }
 
 // filterForm builds a search form of labelled fields. fields: [{name,

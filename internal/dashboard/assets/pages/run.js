@@ -1,6 +1,6 @@
-// A run: its step graph (each step's state, what it needs, and each
-// fan-out's window fill), a timeline of every attempt of its tasks, what
-// it waits for, and pause, resume and cancel.
+// A run: its step graph (each step's state, an arrow from each step it
+// needs, and each fan-out's window fill), a timeline of every attempt of
+// its tasks, what it waits for, and pause, resume and cancel.
 import { api, ApiError } from '../api.js';
 import { h, fmtDur, fmtNum, fmtTime, qs, region } from '../dom.js';
 import { actionButton, badge, dl, jsonBlock, segments, stepLabel, table, terminal } from '../widgets.js';
@@ -77,8 +77,28 @@ function stepNode(run, s, info, prev, dag) {
     s.error ? h('p', { class: 'error small' }, s.error) : null);
 }
 
-// graph draws the steps column by column; a step's column comes after
-// every step it needs.
+// edgesOf lists the graph's edges, [from, to]: each step's needs; in a
+// workflow without needs, each step after the one before it.
+export function edgesOf(runSteps, dag, defs) {
+  const names = new Set(runSteps.map((s) => s.name));
+  const edges = [];
+  runSteps.forEach((s, i) => {
+    if (!dag) {
+      if (i) edges.push([runSteps[i - 1].name, s.name]);
+      return;
+    }
+    for (const n of (defs.get(s.name) && defs.get(s.name).needs) || []) {
+      if (names.has(n)) edges.push([n, s.name]);
+    }
+  });
+  return edges;
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+// graph draws the steps column by column (a step's column comes after
+// every step it needs) over an SVG layer that drawEdges fills with an
+// arrow per dependency once the steps are laid out.
 function graph(run, def) {
   const { cols, dag, defs } = levels(run.steps || [], def);
   if (!cols.length) return h('p', { class: 'muted' }, 'No steps yet.');
@@ -90,7 +110,70 @@ function graph(run, def) {
       prev = s.name;
       return node;
     }))));
-  return h('ol', { class: 'graph', 'aria-label': 'Steps, in the order they run' }, colEls);
+  const edges = edgesOf(run.steps || [], dag, defs);
+  const svg = document.createElementNS(SVG, 'svg');
+  svg.setAttribute('class', 'edges');
+  svg.setAttribute('aria-hidden', 'true');
+  svg.dataset.edges = JSON.stringify(edges);
+  return h('div', { class: 'graph-box' }, svg, h('ol', { class: 'graph', 'aria-label': 'Steps, in the order they run' }, colEls));
+}
+
+// drawEdges draws the arrows of the graph in box from the steps' places
+// on the page: from the right side of a step to the left side of the
+// step that needs it, or, where they are stacked (a phone), from the
+// bottom of one to the top of the other. It redraws only what moved.
+export function drawEdges(box) {
+  const svg = box && box.querySelector('svg.edges');
+  if (!svg || !box.isConnected) return;
+  const origin = box.getBoundingClientRect();
+  const at = (name) => {
+    const el = box.querySelector('[data-step="' + CSS.escape(name) + '"]');
+    if (!el) return null;
+    const r = el.getBoundingClientRect();
+    const x = r.left - origin.left + box.scrollLeft;
+    const y = r.top - origin.top + box.scrollTop;
+    return { l: x, r: x + r.width, t: y, b: y + r.height, cx: x + r.width / 2, cy: y + r.height / 2 };
+  };
+  const paths = [];
+  for (const [from, to] of JSON.parse(svg.dataset.edges || '[]')) {
+    const a = at(from);
+    const b = at(to);
+    if (!a || !b) continue;
+    let d;
+    if (b.l >= a.r - 1) {
+      const k = Math.max(12, (b.l - a.r) / 2);
+      d = `M${a.r},${a.cy} C${a.r + k},${a.cy} ${b.l - k},${b.cy} ${b.l},${b.cy}`;
+    } else {
+      const k = Math.max(10, (b.t - a.b) / 2);
+      d = `M${a.cx},${a.b} C${a.cx},${a.b + k} ${b.cx},${b.t - k} ${b.cx},${b.t}`;
+    }
+    paths.push([from, to, d]);
+  }
+  const w = Math.ceil(box.scrollWidth);
+  const ht = Math.ceil(box.scrollHeight);
+  const key = JSON.stringify([w, ht, paths]);
+  if (svg.dataset.drawn === key) return;
+  svg.dataset.drawn = key;
+  svg.setAttribute('width', String(w));
+  svg.setAttribute('height', String(ht));
+  svg.setAttribute('viewBox', `0 0 ${w} ${ht}`);
+  const marker = document.createElementNS(SVG, 'marker');
+  for (const [k, v] of Object.entries({ id: 'edge-arrow', viewBox: '0 0 8 8', refX: '7', refY: '4', markerWidth: '7', markerHeight: '7', orient: 'auto-start-reverse' })) marker.setAttribute(k, v);
+  const tip = document.createElementNS(SVG, 'path');
+  tip.setAttribute('d', 'M0,0 L8,4 L0,8 z');
+  tip.setAttribute('class', 'edge-tip');
+  marker.append(tip);
+  const defs = document.createElementNS(SVG, 'defs');
+  defs.append(marker);
+  svg.replaceChildren(defs, ...paths.map(([from, to, d]) => {
+    const p = document.createElementNS(SVG, 'path');
+    p.setAttribute('d', d);
+    p.setAttribute('class', 'edge');
+    p.setAttribute('marker-end', 'url(#edge-arrow)');
+    p.dataset.from = from;
+    p.dataset.to = to;
+    return p;
+  }));
 }
 
 // timeline draws every attempt of the run's tasks on one time axis from
@@ -157,6 +240,12 @@ export default {
     const stepsR = region(steps);
     const infoR = region(info);
     const timesR = region(times);
+    // The arrows follow the steps when the page's width changes.
+    const resized = new ResizeObserver(() => {
+      if (!ctx.alive()) resized.disconnect();
+      else drawEdges(steps.querySelector('.graph-box'));
+    });
+    resized.observe(steps);
     let def = null;
     let defKey = '';
     const details = new Map(); // task id → task with attempts
@@ -201,7 +290,14 @@ export default {
             acts.push(actionButton(ctx, { label: 'Resume run', key: 'run-resume', run: () => api(path + '/resume', { method: 'POST' }) }));
           }
           if (!terminal(run.state)) {
-            acts.push(actionButton(ctx, { label: 'Cancel run', key: 'run-cancel', danger: true, run: () => api(path + '/cancel', { method: 'POST' }) }));
+            acts.push(actionButton(ctx, {
+              label: 'Cancel run', key: 'run-cancel', danger: true, run: () => api(path + '/cancel', { method: 'POST' }),
+              confirm: {
+                title: 'Cancel run #' + run.id + '?',
+                body: 'No further step of it starts, and its unfinished tasks are cancelled. A cancelled run cannot be resumed.',
+                yes: 'Cancel run',
+              },
+            }));
           }
           return h('div', { class: 'page-head' },
             h('h1', {}, 'Run #' + run.id, ' ',
@@ -211,6 +307,7 @@ export default {
         });
         whyR(run.explain || '', (x) => (x ? h('p', { class: 'explain', 'data-testid': 'explain' }, h('strong', {}, terminal(run.state) ? 'Outcome: ' : 'Why: '), x) : null));
         stepsR({ s: run.steps, d: defKey, def: !!def }, () => graph(run, def));
+        drawEdges(steps.querySelector('.graph-box'));
         infoR({ run: { ...run, steps: null } }, () => [
           dl([
             ['Concurrency key', run.concurrency_key],

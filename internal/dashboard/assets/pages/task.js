@@ -57,7 +57,14 @@ export default {
         headR({ id: t.id, state: t.state, run: t.run_id, kind: t.kind }, () => {
           const actions = [];
           if (!terminal(t.state)) {
-            actions.push(actionButton(ctx, { label: 'Cancel task', key: 'task-cancel', danger: true, run: () => api('/v1/tasks/' + t.id + '/cancel', { method: 'POST' }) }));
+            actions.push(actionButton(ctx, {
+              label: 'Cancel task', key: 'task-cancel', danger: true, run: () => api('/v1/tasks/' + t.id + '/cancel', { method: 'POST' }),
+              confirm: {
+                title: 'Cancel task #' + t.id + '?',
+                body: t.state === 'running' ? 'Its running attempt is told to stop, and it is not tried again.' : 'It will not run.',
+                yes: 'Cancel task',
+              },
+            }));
           }
           if ((t.state === 'failed' || t.state === 'cancelled') && !t.run_id) {
             actions.push(actionButton(ctx, { label: 'Retry task', key: 'task-retry', run: () => api('/v1/tasks/' + t.id + '/retry', { method: 'POST' }) }));
