@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -118,11 +119,20 @@ func (p *provisioner) callHook(ctx context.Context, kind string, fn func(context
 // failing hook is logged and counted, not returned.
 func (e *Engine) ProvisionOnce(ctx context.Context) (bool, error) { return e.provisioner.runOnce(ctx) }
 
+// hookWaitDelay is how long a hook command's output is read after it
+// exits: a worker it started in the background may keep the output open
+// for its whole life, and the provisioner must not wait for that.
+const hookWaitDelay = time.Second
+
 func runHookCommand(ctx context.Context, command string, body []byte) error {
 	cmd := exec.CommandContext(ctx, "sh", "-c", command)
 	cmd.Stdin = bytes.NewReader(body)
 	cmd.Env = append(cmd.Environ(), "SLUICE_SHORTFALL="+string(body))
+	cmd.WaitDelay = hookWaitDelay
 	out, err := cmd.CombinedOutput()
+	if errors.Is(err, exec.ErrWaitDelay) {
+		err = nil // the command succeeded; what it started holds the output
+	}
 	if err != nil {
 		return fmt.Errorf("command %q: %w: %s", command, err, bytes.TrimSpace(truncateOutput(out)))
 	}

@@ -109,6 +109,20 @@ func TestProvisionerFailingCommandIsNotFatal(t *testing.T) {
 	require.Equal(t, 1.0, provisionerCalls(t, f.e, "command", "error"))
 }
 
+// A hook command that starts a worker in the background, which keeps the
+// command's output open, returns once the command exits (not when the
+// worker does), and counts as a success.
+func TestProvisionerCommandLeavingABackgroundProcess(t *testing.T) {
+	f := newFixture(t, engine.Config{Provisioner: engine.ProvisionerConfig{Command: "sleep 30 & echo started", Interval: time.Second}})
+	f.trigger(sluice.TriggerParams{Kind: "k"})
+	start := time.Now()
+	called, err := f.e.ProvisionOnce(f.ctx)
+	require.NoError(t, err)
+	require.True(t, called)
+	require.Less(t, time.Since(start), 10*time.Second, "the provisioner waited for the background process")
+	require.Equal(t, 1.0, provisionerCalls(t, f.e, "command", "ok"))
+}
+
 // provisionerCalls reads sluice_provisioner_calls_total{hook, result}.
 func provisionerCalls(t *testing.T, e *engine.Engine, hook, result string) float64 {
 	t.Helper()
