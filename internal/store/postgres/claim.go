@@ -119,14 +119,6 @@ func (s *Store) Claim(ctx context.Context, workerID string, limit int, lease tim
 		if !w.found {
 			return store.WorkerNotFound(workerID)
 		}
-		if w.handover && w.hoQueues {
-			// It may reserve successors (reserving): known from the
-			// first round trip, before the claim is spent on a shared
-			// try.
-			if err := t.exclusive("successors to reserve (handover)"); err != nil {
-				return err
-			}
-		}
 		var err error
 		claimed, err = w.claim(t, limit, lease, seq)
 		return err

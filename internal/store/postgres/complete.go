@@ -110,13 +110,6 @@ func (s *Store) completeClaim(ctx context.Context, workerID string, results []sl
 		// A try run again starts afresh (runLocked).
 		claimed = func() ([]sluice.ClaimedTask, error) { return nil, nil }
 		next = func() []sluice.ClaimedTask { return nil }
-		if t.Ended() > t.settledEnds {
-			// Tasks of workflow runs succeeded: known from the first
-			// round trip, before any more is spent on a shared try.
-			if err := t.exclusive("tasks of workflow runs ended"); err != nil {
-				return err
-			}
-		}
 		if err := done.failures(t, backoff); err != nil {
 			return err
 		}

@@ -96,10 +96,11 @@ const setGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
 //     idempotency key it may insert, so two shared writes wait for each
 //     other only when they share a queue or a key, and never deadlock.
 //
-// A shared write that meets what it may not change (txn.checkShared: an
-// environment limit, the refill's lane, a queue with a strategy,
-// handover or a rate limit, a task of a workflow run, lent slots, a
-// queue it did not lock) is rolled back and run again exclusively
+// A shared write that meets what it may not change (an environment
+// limit or the refill's lane, runOnce; a queue with a strategy, handover
+// or a rate limit, lent slots, a queue it did not lock, txn.checkShared;
+// the end of a workflow run's task, settle; successors to reserve,
+// claimer.claim) is rolled back and run again exclusively
 // (runLocked); its store then runs the next writes alike (the same
 // worker's, the same queues') exclusively (hint).
 var (
@@ -361,10 +362,7 @@ func (t *txn) checkShared() error {
 	if t.Env.MaxRunning() != t.envAt.MaxRunning() || t.Env.Lane() != t.envAt.Lane() {
 		return t.exclusive("the environment's settings or lane changed")
 	}
-	if t.Ended() > t.settledEnds {
-		return t.exclusive("tasks of workflow runs ended")
-	}
-	return nil
+	return nil // the ends of run tasks: settle (windows.go)
 }
 
 // lockEnv sends what is queued with the write lock (exclusive unless the
