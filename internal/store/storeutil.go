@@ -341,3 +341,10 @@ func Replays(tasks []NewTask, results []EnqueueResult, existing func(key string)
 		}
 	}, nil
 }
+
+// SQLList is a list of SQL string literals, for the flow core's own
+// names (states and the like: nothing to quote), so a statement can be
+// written from the core's tables.
+func SQLList(vs []string) string {
+	return "'" + strings.Join(vs, "', '") + "'"
+}

@@ -7,7 +7,7 @@
 // The stores (internal/store/sqlite, internal/store/postgres) supply only
 // the SQL: they read the rows (Dest), move the tasks, and write back what
 // changed (Counters.Dirty). Every state change of a task goes through
-// Counters.Move (MoveN) or Counters.MoveSet, and the counter fields are
+// Counters.Move (MoveN), and the counter fields are
 // unexported: a store sets them only by scanning a row into Dest, so the
 // counters move exactly as the table says, in both stores.
 //
@@ -236,6 +236,7 @@ type Counters struct {
 	sqs            map[int64]*Subqueue
 	byKey          map[[2]string]*Subqueue
 	queues         map[string]*Queue
+	places         map[[2]string]*Place // runs.go
 }
 
 // Readied is how many tasks moved into ready (claimers to wake).
@@ -440,41 +441,6 @@ func (c *Counters) check(e Effect, sq *Subqueue, q *Queue, from, to sluice.TaskS
 	return nil
 }
 
-// MoveSet is MoveN for n tasks moved by a set-based statement that itself
-// applies the move's effect to the sub-queue and queue rows in the
-// database (pausing or resuming a queue, whose sub-queues the transaction
-// does not hold): it applies the environment's share, and returns the
-// effect the statement must apply. n is -1 when the statement does not
-// count the tasks, which only a move with no share of the environment's
-// counters may do. A move that takes slots into ready is refused: only
-// MoveN ranks tasks.
-func (c *Counters) MoveSet(from, to sluice.TaskState, n int64) (Effect, error) {
-	e, err := Transition(from, to)
-	if err != nil {
-		return e, err
-	}
-	if e.Slot > 0 && to == sluice.StateReady {
-		return e, &RowError{From: from, To: to, Row: "sub-queue (a set-based move cannot rank tasks)"}
-	}
-	envShare := e.Slot != 0 || e.Env != 0 || e.Active != 0
-	if n < 0 {
-		if envShare {
-			return e, &RowError{From: from, To: to, Row: "count of tasks (it changes the environment's counters)"}
-		}
-		return e, nil
-	}
-	if envShare && n > 0 {
-		if c.Env == nil {
-			return e, &RowError{From: from, To: to, Row: "environment"}
-		}
-		c.Env.running += (e.Slot + e.Env) * n
-		c.Env.active += e.Active * n
-		c.Env.dirty = true
-	}
-	c.count(to, n)
-	return e, nil
-}
-
 // count records n tasks moved into to: readied, or ended.
 func (c *Counters) count(to sluice.TaskState, n int64) {
 	if to == sluice.StateReady {
@@ -505,4 +471,32 @@ type RowError struct {
 
 func (e *RowError) Error() string {
 	return "flow: moving a task from " + stateName(e.From) + " to " + stateName(e.To) + " needs its " + e.Row
+}
+
+// SetQueuePaused records queue q paused or resumed in the transaction's
+// copies of it and of its held sub-queues (the store writes the paused
+// columns): the moves that follow see it, as the refill does.
+func (c *Counters) SetQueuePaused(q *Queue, paused bool) {
+	q.paused = paused
+	for _, sq := range c.sqs {
+		if sq.queue == q.name {
+			sq.paused = paused
+		}
+	}
+}
+
+// QueueResumeTo is where a task that its queue's pause held (not its
+// run's) goes when the queue resumes: the state it left, or, back on the
+// wait list, where WaitIn sends it (parked if no worker serves its
+// kind). It returns the state and paused_from to write.
+func (c *Counters) QueueResumeTo(q *Queue, pausedFrom, kind string) (sluice.TaskState, *string, error) {
+	to := sluice.TaskState(pausedFrom)
+	if to != sluice.StateQueued {
+		return to, nil, nil
+	}
+	w, err := c.WaitIn(q, kind)
+	if err != nil {
+		return "", nil, err
+	}
+	return w.State, w.PausedFrom(w.State), nil
 }

@@ -104,14 +104,6 @@ func TestMoveRefusals(t *testing.T) {
 	_, err = c.MoveN(sq, q, sluice.StateSucceeded, sluice.StateRunning, 1)
 	var te *flow.TransitionError
 	require.ErrorAs(t, err, &te)
-	_, err = c.MoveSet(sluice.StateQueued, sluice.StateReady, 1)
-	require.ErrorAs(t, err, &re)
-	// An uncounted set-based move may not touch the environment's
-	// counters.
-	_, err = c.MoveSet(sluice.StateReady, sluice.StatePaused, -1)
-	require.ErrorAs(t, err, &re)
-	_, err = c.MoveSet(sluice.StateQueued, sluice.StatePaused, -1)
-	require.NoError(t, err)
 	env, sqs, qs := c.Dirty()
 	require.Nil(t, env)
 	require.Empty(t, sqs)
@@ -309,28 +301,24 @@ func (m *model) step() {
 	}
 }
 
-// pause is SetQueuePaused's statements: each sub-queue's ready tasks give
-// their slots back (running − n, in the statement), its wait list empties
-// (queued = 0), and every ready or queued task becomes paused.
+// pause is SetQueuePaused as the stores do it: the ready and queued
+// tasks of each sub-queue, counted by state, move to paused (MoveN).
 func (m *model) pause(q *flow.Queue, sqs []*flow.Subqueue) {
 	var ready int64
 	for _, sq := range sqs {
-		var n int64
-		for _, tk := range m.tasks {
-			if tk.sq == sq && tk.state == sluice.StateReady {
-				n++
+		for _, from := range []sluice.TaskState{sluice.StateReady, sluice.StateQueued} {
+			var n int64
+			for _, tk := range m.tasks {
+				if tk.sq == sq && tk.state == from {
+					n++
+				}
+			}
+			_, err := m.c.MoveN(sq, q, from, sluice.StatePaused, n)
+			require.NoError(m.t, err)
+			if from == sluice.StateReady {
+				ready += n
 			}
 		}
-		e, err := m.c.MoveSet(sluice.StateReady, sluice.StatePaused, n)
-		require.NoError(m.t, err)
-		*sq.Dest()[5].(*int64) += e.Slot * n
-		ready += n
-	}
-	e, err := m.c.MoveSet(sluice.StateQueued, sluice.StatePaused, -1)
-	require.NoError(m.t, err)
-	require.Equal(m.t, int64(-1), e.Queued)
-	for _, sq := range sqs {
-		*sq.Dest()[6].(*int64) = 0
 	}
 	for _, tk := range m.tasks {
 		if tk.q == q && (tk.state == sluice.StateReady || tk.state == sluice.StateQueued) {
@@ -340,24 +328,23 @@ func (m *model) pause(q *flow.Queue, sqs []*flow.Subqueue) {
 	m.log = append(m.log, fmt.Sprintf("pause %s (%d ready)", q.Name(), ready))
 }
 
-// resume is the statements that resume: paused tasks return to queued and
-// each wait list is counted again.
+// resume is the stores' resume: the paused tasks of each sub-queue,
+// counted, return to queued (MoveN).
 func (m *model) resume(q *flow.Queue, sqs []*flow.Subqueue) {
-	_, err := m.c.MoveSet(sluice.StatePaused, sluice.StateQueued, -1)
-	require.NoError(m.t, err)
+	for _, sq := range sqs {
+		var n int64
+		for _, tk := range m.tasks {
+			if tk.sq == sq && tk.state == sluice.StatePaused {
+				n++
+			}
+		}
+		_, err := m.c.MoveN(sq, q, sluice.StatePaused, sluice.StateQueued, n)
+		require.NoError(m.t, err)
+	}
 	for _, tk := range m.tasks {
 		if tk.q == q && tk.state == sluice.StatePaused {
 			tk.state = sluice.StateQueued
 		}
-	}
-	for _, sq := range sqs {
-		var n int64
-		for _, tk := range m.tasks {
-			if tk.sq == sq && tk.state == sluice.StateQueued {
-				n++
-			}
-		}
-		*sq.Dest()[6].(*int64) = n
 	}
 	m.log = append(m.log, "resume "+q.Name())
 }

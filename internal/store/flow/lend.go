@@ -253,7 +253,7 @@ func (c *Counters) touch(sq *Subqueue) {
 }
 
 // Touch is touch for a store that moved tasks of sq with a set-based
-// statement (MoveSet), if sq lends slots.
+// statement, if sq lends slots.
 func (c *Counters) Touch(sq *Subqueue) {
 	if sq.lent > 0 {
 		c.touch(sq)

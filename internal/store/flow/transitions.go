@@ -30,7 +30,7 @@ type Effect struct {
 
 // transitions is the table of allowed task moves, from → to, with what
 // each does to the counters. Every state change of a task in both stores
-// goes through it (Counters.Move, MoveN, MoveSet): a move not listed is
+// goes through it (Counters.Move, MoveN): a move not listed is
 // refused, and the counters change only as listed. A new state is a few
 // rows here, and its conformance tests.
 //

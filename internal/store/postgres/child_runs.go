@@ -110,7 +110,7 @@ func (t *txn) queueChildRuns(runID int64, states []string) *[]childRun {
 func (t *txn) cancelChildRuns(runID int64, state sluice.RunState, children []childRun) error {
 	for _, c := range children {
 		t.exec("cancelling run", `UPDATE runs SET seq = seq + 1 WHERE id = $1`, c.id)
-		if err := t.endRun(c.id, c.state, store.RunEnd{State: sluice.RunCancelled, Error: store.ParentEndedError(runID, state)}); err != nil {
+		if err := t.endRun(c.id, store.RunEnd{State: sluice.RunCancelled, Error: store.ParentEndedError(runID, state)}); err != nil {
 			return err
 		}
 	}
@@ -125,8 +125,8 @@ const pauseRunTreeSQL = `id IN (WITH RECURSIVE d(id) AS (
 
 // pauseWorkflowTreeSQL selects the unfinished runs of a workflow ($1) and
 // their descendants.
-const pauseWorkflowTreeSQL = `id IN (WITH RECURSIVE d(id) AS (
-		SELECT id FROM runs WHERE workflow = $1 AND state IN ('queued', 'running')
+var pauseWorkflowTreeSQL = `id IN (WITH RECURSIVE d(id) AS (
+		SELECT id FROM runs WHERE workflow = $1 AND state IN (` + pausableSQL + `)
 		UNION ALL SELECT c.id FROM runs c JOIN d ON c.parent_run_id = d.id)
 	SELECT id FROM d)`
 

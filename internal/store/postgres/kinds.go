@@ -151,31 +151,6 @@ func (t *txn) parkKinds(kinds []string) error {
 	return err
 }
 
-// parkQueue parks the queued tasks of queue name whose kind no worker
-// serves, as its resume sends its paused tasks back to the wait lists (it
-// counts the wait lists after).
-func (t *txn) parkQueue(name string) error {
-	kinds, err := t.strings("resuming a queue", `SELECT DISTINCT kind FROM tasks WHERE queue = $1 AND state = 'queued'`, name)
-	if err != nil {
-		return err
-	}
-	t.knowServed(kinds)
-	if err := t.send(); err != nil {
-		return err
-	}
-	for _, k := range kinds {
-		w, err := t.WaitIn(&flow.Queue{}, k) // in a queue not paused: its own, resumed
-		if err != nil {
-			return err
-		}
-		if w.Parked {
-			t.exec("resuming a queue", `UPDATE tasks SET state = $1, paused_from = $2 WHERE queue = $3 AND kind = $4 AND state = 'queued'`,
-				string(w.State), w.PausedFrom(w.State), name, k)
-		}
-	}
-	return nil
-}
-
 // strings sends the pending batch with a query of one text column last,
 // and returns its values.
 func (t *txn) strings(what, q string, args ...any) ([]string, error) {

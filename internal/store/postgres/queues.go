@@ -109,10 +109,11 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 		}
 		t.exec("pausing queue", `UPDATE queues SET paused = $1, updated_at = $2 WHERE name = $3`, paused, t.now, name)
 		t.exec("pausing queue", `UPDATE subqueues SET paused = $1 WHERE queue = $2`, paused, name)
+		t.SetQueuePaused(q, paused)
 		if paused {
-			return t.pauseTasks(name)
+			return t.pauseTasks(q)
 		}
-		return t.resumeTasks(name)
+		return t.resumeTasks(q)
 	})
 	if err != nil {
 		return nil, o, err
@@ -123,57 +124,81 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 
 // pauseTasks parks the queue's waiting tasks: ready ones give their slots
 // back, and all return to queued on resume, in their original order. The
-// moves are set-based (flow.Counters.MoveSet): these statements apply
-// their effect to the queue's sub-queues, none of which this transaction
-// holds, so no flush overwrites them.
-func (t *txn) pauseTasks(name string) error {
-	var freed int64
-	err := t.query("pausing queue", `UPDATE subqueues s SET running = s.running - h.n
-		FROM (SELECT sq, count(*) AS n FROM tasks WHERE queue = $1 AND state = 'ready' GROUP BY sq) h
-		WHERE s.id = h.sq RETURNING h.n`, []any{name}, func(rows pgx.Rows) error {
-		var n int64
-		if err := rows.Scan(&n); err != nil {
+// tasks move by the set; their counts per sub-queue and state are read
+// first and moved through the flow core (MoveN), which the flush
+// writes.
+func (t *txn) pauseTasks(q *flow.Queue) error {
+	err := t.query("pausing queue", `SELECT g.state, g.n, `+sqCols+` FROM (
+			SELECT sq, state, count(*) AS n FROM tasks WHERE queue = $1 AND state IN ('ready', 'queued') GROUP BY sq, state) g
+		JOIN subqueues s ON s.id = g.sq`, []any{q.Name()}, func(rows pgx.Rows) error {
+		var (
+			from string
+			n    int64
+		)
+		sq := &flow.Subqueue{}
+		if err := rows.Scan(append([]any{&from, &n}, sq.Dest()...)...); err != nil {
 			return err
 		}
-		freed += n
-		return nil
+		_, err := t.MoveN(t.UseSubqueue(sq), q, sluice.TaskState(from), sluice.StatePaused, n)
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	// ready → paused: the slots go back.
-	if _, err := t.MoveSet(sluice.StateReady, sluice.StatePaused, freed); err != nil {
-		return err
-	}
-	// queued → paused: off the wait lists.
-	if _, err := t.MoveSet(sluice.StateQueued, sluice.StatePaused, -1); err != nil {
-		return err
-	}
-	t.exec("pausing queue", `UPDATE subqueues SET queued = 0 WHERE queue = $1`, name)
-	t.exec("pausing queue", `UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = $1 AND state IN ('ready', 'queued')`, name)
+	t.exec("pausing queue", `UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = $1 AND state IN ('ready', 'queued')`, q.Name())
 	// Parked tasks (flow/kinds.go) are paused by their queue now; its
 	// resume parks them again if no worker serves them yet.
-	t.exec("pausing queue", `UPDATE tasks SET paused_from = 'queued' WHERE queue = $1 AND state = 'paused' AND paused_from = $2`, name, flow.Unserved)
+	t.exec("pausing queue", `UPDATE tasks SET paused_from = 'queued' WHERE queue = $1 AND state = 'paused' AND paused_from = $2`, q.Name(), flow.Unserved)
 	// A child paused from ready gave back the slot its parent lent it:
-	// the parent holds it for the child again (children.go). Read after
-	// the statements above, the rows held are their result.
-	return t.touchLending(name)
+	// the parent holds it for the child again (children.go).
+	return t.touchLending(q.Name())
 }
 
-// resumeTasks returns paused tasks to the state they left; the refill
-// after the transaction promotes what the limits allow.
-func (t *txn) resumeTasks(name string) error {
-	// paused → queued: back on the wait lists, counted again below.
-	if _, err := t.MoveSet(sluice.StatePaused, sluice.StateQueued, -1); err != nil {
+// resumeTasks returns the tasks the queue's pause held (a task of a
+// paused run stays paused: its run's resume returns it) to the states
+// they left, or parks those of kinds no worker serves (flow/kinds.go):
+// their counts per sub-queue, state left and kind are read, moved
+// through the flow core (QueueResumeTo, MoveN), and the tasks written by
+// the set. The refill after it promotes what the limits allow.
+func (t *txn) resumeTasks(q *flow.Queue) error {
+	var sqs []int64
+	var kinds, pfs, states []string
+	var npfs []*string
+	err := t.query("resuming queue", `SELECT g.pf, g.kind, g.n, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = g.kind), `+sqCols+` FROM (
+			SELECT sq, paused_from AS pf, kind, count(*) AS n FROM tasks WHERE queue = $1 AND state = 'paused' AND NOT run_paused
+			GROUP BY sq, paused_from, kind) g
+		JOIN subqueues s ON s.id = g.sq`, []any{q.Name()}, func(rows pgx.Rows) error {
+		var (
+			pf, kind string
+			n        int64
+			served   bool
+		)
+		sq := &flow.Subqueue{}
+		if err := rows.Scan(append([]any{&pf, &kind, &n, &served}, sq.Dest()...)...); err != nil {
+			return err
+		}
+		sq = t.UseSubqueue(sq)
+		t.KnowServed(kind, served)
+		to, npf, err := t.QueueResumeTo(q, pf, kind)
+		if err != nil {
+			return err
+		}
+		if to != sluice.StatePaused { // parked, it stays paused: no move
+			if _, err := t.MoveN(sq, q, sluice.StatePaused, to, n); err != nil {
+				return err
+			}
+		}
+		sqs, kinds, pfs = append(sqs, sq.ID()), append(kinds, kind), append(pfs, pf)
+		states, npfs = append(states, string(to)), append(npfs, npf)
+		return nil
+	})
+	if err != nil || len(sqs) == 0 {
 		return err
 	}
-	// A task of a paused run stays paused: its run's resume returns it.
-	t.exec("resuming queue", `UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = $1 AND state = 'paused' AND NOT run_paused`, name)
-	// Those of kinds no worker serves park (flow/kinds.go).
-	if err := t.parkQueue(name); err != nil {
-		return err
-	}
-	t.exec("resuming queue", `UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = $1`, name)
+	t.exec("resuming queue", `UPDATE tasks t SET state = v.state, paused_from = v.npf
+		FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[]) AS v(sq, kind, pf, state, npf)
+		WHERE t.queue = $1 AND t.state = 'paused' AND NOT t.run_paused AND t.sq = v.sq AND t.kind = v.kind AND t.paused_from = v.pf`,
+		q.Name(), sqs, kinds, pfs, states, npfs)
 	return nil
 }
 

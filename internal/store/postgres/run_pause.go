@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -115,21 +116,43 @@ func (s *Store) PauseRun(ctx context.Context, id int64) (*store.RunRecord, store
 func pauseRunsSQL(where string) string {
 	return `WITH r AS (
 		UPDATE runs SET state = 'paused', paused_from = state, seq = seq + 1
-		WHERE ` + where + ` AND state IN ('queued', 'running') RETURNING id),
+		WHERE ` + where + ` AND state IN (` + pausableSQL + `) RETURNING id),
 	o AS MATERIALIZED (
 		SELECT x.id, x.state, x.sq, x.queue FROM r CROSS JOIN LATERAL (
-			SELECT id, state, sq, queue FROM tasks WHERE run_id = r.id AND state IN ('scheduled', 'queued', 'ready', 'reserved', 'paused')
+			SELECT id, state, sq, queue FROM tasks WHERE run_id = r.id AND state IN (` + store.SQLList(runPause.States) + `)
 			OFFSET 0) x),
 	c AS (
 		UPDATE tasks t SET state = 'paused',
-			paused_from = CASE t.state WHEN 'paused' THEN (CASE WHEN t.paused_from = '` + flow.Unserved + `' THEN 'queued' ELSE t.paused_from END)
-				WHEN 'scheduled' THEN 'scheduled' ELSE 'queued' END,
+			paused_from = CASE t.state WHEN 'paused' THEN ` + sqlCase("t.paused_from", runPause.Was, runPause.Becomes, "t.paused_from") + `
+				ELSE ` + sqlCase("t.state", runPause.States[:len(runPause.PausedFrom)], runPause.PausedFrom, "NULL") + ` END,
 			run_paused = true, worker_id = NULL, after_id = NULL
 		WHERE t.id = ANY(ARRAY(SELECT id FROM o)))
 	SELECT g.state, g.n, g.reserved, ` + sqCols + `, ` + qCols + ` FROM (
 		SELECT sq, queue, state, count(*) AS n, array_agg(id) FILTER (WHERE state = 'reserved') AS reserved
 		FROM o WHERE state <> 'paused' GROUP BY sq, queue, state) g
 	JOIN subqueues s ON s.id = g.sq JOIN queues q ON q.name = g.queue`
+}
+
+// pausableSQL lists the states a run pauses from, as the run core's
+// table has them (a pause moves no place: flow.RunPausable).
+var pausableSQL = store.SQLList(flow.RunPausable())
+
+// runPause is where a run's pause sends its tasks (flow.RunPausedFrom),
+// as tables the pause statement is written from.
+var runPause = flow.RunPauseTable()
+
+// sqlCase is a CASE mapping expr's values from[i] to to[i], else els.
+func sqlCase(expr string, from, to []string, els string) string {
+	if len(from) == 0 {
+		return els
+	}
+	var b strings.Builder
+	b.WriteString("(CASE " + expr)
+	for i := range from {
+		b.WriteString(" WHEN '" + from[i] + "' THEN '" + to[i] + "'")
+	}
+	b.WriteString(" ELSE " + els + " END)")
+	return b.String()
 }
 
 var (
@@ -220,6 +243,15 @@ func (r *runRow) dest() []any {
 	return []any{&r.id, &r.state, &r.pausedFrom, &r.workflow, &r.key, &r.limit}
 }
 
+// run is the row as the run core moves it.
+func (r *runRow) run() *flow.Run {
+	fr := &flow.Run{ID: r.id, State: sluice.RunState(r.state), Workflow: r.workflow, Key: r.key, Limit: r.limit}
+	if r.pausedFrom != nil {
+		fr.PausedFrom = sluice.RunState(*r.pausedFrom)
+	}
+	return fr
+}
+
 // resumeTasksSQL returns the paused tasks of the runs $1 to the states
 // they left, in one statement: a task whose queue is paused and that
 // waited for a slot stays paused, for the queue's resume. It returns the
@@ -229,9 +261,9 @@ func (r *runRow) dest() []any {
 // parks: resumeRuns). Each run's tasks are read
 // through tasks_run, behind an OFFSET 0 fence, and updated by primary
 // key (see claimSQL).
-const resumeTasksSQL = `WITH o AS MATERIALIZED (
+var resumeTasksSQL = `WITH o AS MATERIALIZED (
 		SELECT x.id, x.paused_from, x.sq, x.queue, x.kind,
-			coalesce((SELECT q.paused FROM queues q WHERE q.name = x.queue), false) AND x.paused_from = 'queued' AS stay
+			coalesce((SELECT q.paused FROM queues q WHERE q.name = x.queue), false) AND x.paused_from IN (` + store.SQLList(flow.RunResumeStaysFrom()) + `) AS stay
 		FROM unnest($1::bigint[]) AS r(id) CROSS JOIN LATERAL (
 			SELECT id, paused_from, sq, queue, kind FROM tasks WHERE run_id = r.id AND state = 'paused' AND run_paused OFFSET 0) x),
 	u AS (
@@ -252,49 +284,38 @@ const resumeTasksSQL = `WITH o AS MATERIALIZED (
 // resumed runs' steps whose windows may let items in (the settle lets
 // them in).
 func (t *txn) resumeRuns(workflow string, wfPaused bool, rows []runRow, active map[string]int64) error {
-	var resumed, started, requeued []int64
-	taken := map[string]int64{} // places taken, by key
-	for _, r := range rows {
-		if sluice.RunState(r.state) == sluice.RunPaused && (r.pausedFrom == nil || sluice.RunState(*r.pausedFrom) != sluice.RunQueued) {
-			resumed = append(resumed, r.id)
-			continue
+	// Each run goes where the run core says (flow/runs.go): a run paused
+	// while running resumes; a queued one starts if there is room, else
+	// waits queued, in its order.
+	for k, n := range active {
+		t.UsePlace(flow.NewPlace(workflow, k, n))
+	}
+	var (
+		resumed, moved []int64
+		moves          []flow.RunMove
+	)
+	for _, row := range rows {
+		r := row.run()
+		to, err := t.StartOrWait(r, wfPaused)
+		if err != nil {
+			return err
 		}
-		switch {
-		case !wfPaused && (r.limit == 0 || active[r.key] < r.limit):
-			if r.limit > 0 {
-				active[r.key]++
-				taken[r.key]++
-			}
-			started = append(started, r.id)
-		case sluice.RunState(r.state) == sluice.RunPaused:
-			requeued = append(requeued, r.id)
+		if to == r.State {
+			continue // queued, it stays in line
 		}
-	}
-	if len(taken) > 0 {
-		keys, ns := make([]string, 0, len(taken)), make([]int64, 0, len(taken))
-		for k, n := range taken {
-			keys, ns = append(keys, k), append(ns, n)
+		m, err := t.MoveRun(r, to)
+		if err != nil {
+			return err
 		}
-		t.exec("run concurrency", `INSERT INTO run_slots (workflow, ckey, active) SELECT $1, k, n FROM unnest($2::text[], $3::bigint[]) AS v(k, n)
-			ON CONFLICT (workflow, ckey) DO UPDATE SET active = run_slots.active + excluded.active`, workflow, keys, ns)
-	}
-	if len(started) > 0 {
-		t.exec("starting runs", `UPDATE runs SET state = 'running', paused_from = NULL, started_at = coalesce(started_at, $2), seq = seq + 1
-			WHERE id = ANY($1)`, started, t.now)
-		t.runEvents(started, "start")
-	}
-	if len(requeued) > 0 {
-		t.exec("resuming runs", `UPDATE runs SET state = 'queued', paused_from = NULL, seq = seq + 1 WHERE id = ANY($1)`, requeued)
-	}
-	for _, ids := range [][]int64{started, requeued, resumed} {
-		for _, id := range ids {
-			t.setRunPaused(id, false)
+		moved, moves = append(moved, r.ID), append(moves, m)
+		if m.Resume {
+			resumed = append(resumed, r.ID)
 		}
 	}
+	t.writeRunMoves(moved, moves)
 	if len(resumed) == 0 {
 		return nil
 	}
-	t.exec("resuming runs", `UPDATE runs SET state = 'running', paused_from = NULL, seq = seq + 1 WHERE id = ANY($1)`, resumed)
 	t.queueQuery("resuming run tasks", resumeTasksSQL, []any{resumed}, func(rows pgx.Rows) error {
 		var (
 			to, kind string
@@ -340,10 +361,9 @@ func (t *txn) resumeRuns(workflow string, wfPaused bool, rows []runRow, active m
 	// Their paused child runs (workflow steps) resume with them, read
 	// in the same round trip (child_runs.go).
 	children := t.queuePausedChildRuns(resumed)
-	// The workflow layer looks again: a decision taken while paused
-	// created its tasks paused, and they run now; this event is for
-	// anything it could not see.
-	t.runEvents(resumed, "resume")
+	// The workflow layer looks again (the resume event of the move): a
+	// decision taken while paused created its tasks paused, and they run
+	// now; the event is for anything it could not see.
 	if err := t.send(); err != nil {
 		return err
 	}

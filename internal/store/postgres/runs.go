@@ -66,44 +66,40 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 	if !t.Env.Admits(lim.MaxActive, 1) {
 		return 0, false, store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
 	}
-	state := sluice.RunRunning
-	if r.Limit > 0 {
-		// One statement takes a place under the limit if there is one
-		// and the workflow is not paused (a paused workflow accepts runs
-		// and keeps them queued).
-		var paused, took bool
-		_, err := t.queryRow("run concurrency", `WITH p AS (SELECT EXISTS (SELECT 1 FROM workflow_pauses WHERE name = $1) AS paused),
-			took AS (INSERT INTO run_slots (workflow, ckey, active) SELECT $1, $2, 1 FROM p WHERE NOT p.paused
-				ON CONFLICT (workflow, ckey) DO UPDATE SET active = run_slots.active + 1 WHERE run_slots.active < $3 RETURNING active)
-			SELECT p.paused, EXISTS (SELECT 1 FROM took) FROM p`,
-			[]any{r.Workflow, r.Key, r.Limit}, &paused, &took)
-		if err != nil {
-			return 0, false, err
-		}
-		if paused || !took {
-			state = sluice.RunQueued
-		}
-	}
-	var idem *string
-	if r.IdempotencyKey != "" {
-		idem = &r.IdempotencyKey
-	}
-	// The run is queued, whatever its limit, while its workflow is
-	// paused: the statement that inserts it looks.
-	var got string
-	_, err = t.queryRow("inserting run", `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at,
-			parent_run_id, parent_step_id)
-		SELECT $1, $2, v.state, $4, $5, $6, $7, $8, CASE WHEN v.state = 'running' THEN $8::bigint END, $9, $10
-		FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_pauses WHERE name = $1) THEN 'queued' ELSE $3::text END AS state) v
-		RETURNING id, state`,
-		[]any{r.Workflow, r.Version, string(state), []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now,
-			nullID(r.ParentRunID), nullID(r.ParentStepID)}, &id, &got)
+	// Where it goes is the run core's decision (flow/runs.go), on its
+	// workflow's pause and its key's place, read in one round trip.
+	run := &flow.Run{State: flow.NewRun, Workflow: r.Workflow, Key: r.Key, Limit: int64(r.Limit)}
+	wfPaused, err := t.readPlace(run)
 	if err != nil {
 		return 0, false, err
 	}
-	if state = sluice.RunState(got); state == sluice.RunRunning {
-		t.runEvent(id, "start")
+	to, err := t.StartOrWait(run, wfPaused)
+	if err != nil {
+		return 0, false, err
 	}
+	m, err := t.MoveRun(run, to)
+	if err != nil {
+		return 0, false, err
+	}
+	var (
+		started *int64
+		key     *string
+	)
+	if r.IdempotencyKey != "" {
+		key = &r.IdempotencyKey
+	}
+	if m.Start {
+		started = &t.now
+	}
+	_, err = t.queryRow("inserting run", `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at,
+			parent_run_id, parent_step_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id`,
+		[]any{r.Workflow, r.Version, string(m.State), []byte(store.JSONOrNull(r.Input)), key, r.Key, r.Limit, t.now, started,
+			nullID(r.ParentRunID), nullID(r.ParentStepID)}, &id)
+	if err != nil {
+		return 0, false, err
+	}
+	t.runMoved(id, m)
 	return id, true, nil
 }
 
@@ -191,7 +187,7 @@ func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, 
 			return err
 		}
 		if a.End != nil {
-			return t.endRun(a.RunID, sluice.RunState(state), *a.End)
+			return t.endRun(a.RunID, *a.End)
 		}
 		return nil
 	})
@@ -288,7 +284,7 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep, paused bool) error
 // and steps ended; a run holding a place under its workflow's
 // concurrency (a paused one: if it was running when paused) gives it to
 // the next queued run of its key, or frees it if the workflow is paused.
-func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error {
+func (t *txn) endRun(runID int64, end store.RunEnd) error {
 	var children *[]childRun
 	if end.State != sluice.RunSucceeded {
 		// Its unfinished child runs are read with its tasks' end (one
@@ -305,48 +301,55 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 	if end.Output != nil {
 		out = []byte(end.Output)
 	}
+	// The run, its workflow's pause, its key's place and the next
+	// queued run of its key, in one round trip: the run core decides
+	// (flow/runs.go).
 	var (
-		workflow, key string
-		limit         int
-		next          int64
-		pausedFrom    *string
-		wfPaused      bool
-		parentStep    *int64
+		row, next  runRow
+		active     int64
+		wfPaused   bool
+		parentStep *int64
+		found      bool
 	)
-	t.queueQuery("ending run", `UPDATE runs SET state = $1, output = $2, error = $3, finished_at = $4 WHERE id = $5
-		RETURNING workflow, ckey, climit, paused_from, EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = runs.workflow), parent_step_id`,
-		[]any{string(end.State), out, end.Error, t.now, runID}, func(rows pgx.Rows) error {
-			return rows.Scan(&workflow, &key, &limit, &pausedFrom, &wfPaused, &parentStep)
-		})
-	// The next queued run of its key, read in the same round trip (used
-	// only if the run held a place).
-	found, err := t.queryRow("run concurrency", `SELECT q.id FROM runs r, runs q
-		WHERE r.id = $1 AND q.workflow = r.workflow AND q.ckey = r.ckey AND q.state = 'queued' ORDER BY q.id LIMIT 1`, []any{runID}, &next)
+	t.queueQuery("ending run", `SELECT r.id, r.state, r.paused_from, r.workflow, r.ckey, r.climit,
+			EXISTS (SELECT 1 FROM workflow_pauses p WHERE p.name = r.workflow),
+			coalesce((SELECT s.active FROM run_slots s WHERE s.workflow = r.workflow AND s.ckey = r.ckey), 0), r.parent_step_id
+		FROM runs r WHERE r.id = $1`, []any{runID}, func(rows pgx.Rows) error {
+		return rows.Scan(append(row.dest(), &wfPaused, &active, &parentStep)...)
+	})
+	found, err := t.queryRow("run concurrency", `SELECT q.id, q.state, q.paused_from, q.workflow, q.ckey, q.climit FROM runs r, runs q
+		WHERE r.id = $1 AND q.workflow = r.workflow AND q.ckey = r.ckey AND q.state = 'queued' ORDER BY q.id LIMIT 1`, []any{runID}, next.dest()...)
 	if err != nil {
 		return err
 	}
+	run := row.run()
+	t.holdPlace(run, active)
+	passes := found && flow.PassesPlace(run, wfPaused)
+	if _, err := t.MoveRun(run, end.State); err != nil {
+		return err
+	}
+	t.exec("ending run", `UPDATE runs SET state = $1, paused_from = NULL, output = $2, error = $3, finished_at = $4 WHERE id = $5`,
+		string(end.State), out, end.Error, t.now, runID)
 	t.setRunPaused(runID, false)
 	if parentStep != nil {
-		if err := t.childRunEnded(runID, *parentStep, workflow, end); err != nil {
+		if err := t.childRunEnded(runID, *parentStep, row.workflow, end); err != nil {
 			return err
 		}
 	}
-	if from == sluice.RunPaused && pausedFrom != nil {
-		from = sluice.RunState(*pausedFrom)
-	}
-	if limit == 0 || from == sluice.RunQueued {
-		return nil // it held no place under its workflow's concurrency
-	}
-	if !found || wfPaused {
-		// No run waits, or a paused workflow starts none: the place is
-		// free.
-		t.exec("run concurrency", `UPDATE run_slots SET active = active - 1 WHERE workflow = $1 AND ckey = $2`, workflow, key)
+	if !passes {
 		return nil
 	}
-	// The place passes to the next run of the key: active is unchanged.
-	t.exec("starting run", `UPDATE runs SET state = 'running', started_at = $1, seq = seq + 1 WHERE id = $2`, t.now, next)
-	t.setRunPaused(next, false)
-	t.runEvent(next, "start")
+	// The place it freed passes to the next run of its key.
+	nr := next.run()
+	to, err := t.StartOrWait(nr, wfPaused)
+	if err != nil {
+		return err
+	}
+	m, err := t.MoveRun(nr, to)
+	if err != nil {
+		return err
+	}
+	t.writeRunMoves([]int64{nr.ID}, []flow.RunMove{m})
 	return nil
 }
 
@@ -445,7 +448,7 @@ func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, stor
 		if st := sluice.RunState(state); st.Terminal() {
 			return sluice.Conflict("run %d already %s", id, st)
 		}
-		return t.endRun(id, sluice.RunState(state), store.RunEnd{State: sluice.RunCancelled, Error: "cancelled"})
+		return t.endRun(id, store.RunEnd{State: sluice.RunCancelled, Error: "cancelled"})
 	})
 	if err != nil {
 		return nil, o, err

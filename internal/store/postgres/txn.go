@@ -296,6 +296,7 @@ func (s *Store) runOnce(ctx context.Context, shared bool, ls *lockSet, prelude f
 	if err := t.checkShared(); err != nil {
 		return err
 	}
+	t.writePlaces() // the run core's places (run_core.go)
 	t.b.Queue("commit").Fn = func(br pgx.BatchResults) error {
 		tag, err := br.Exec()
 		if err != nil {

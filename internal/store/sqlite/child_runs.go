@@ -87,15 +87,15 @@ func (t *txn) childRuns(runID int64, states string) ([]int64, []sluice.RunState,
 // cancelChildRuns cancels the unfinished child runs of run runID, which
 // is ending in state (and, through their own ends, theirs).
 func (t *txn) cancelChildRuns(runID int64, state sluice.RunState) error {
-	ids, states, err := t.childRuns(runID, `'queued', 'running', 'paused'`)
+	ids, _, err := t.childRuns(runID, `'queued', 'running', 'paused'`)
 	if err != nil {
 		return err
 	}
-	for i, id := range ids {
+	for _, id := range ids {
 		if _, err := t.exec(`UPDATE runs SET seq = seq + 1 WHERE id = ?`, id); err != nil {
 			return fmt.Errorf("cancelling run %d: %w", id, err)
 		}
-		if err := t.endRun(id, states[i], store.RunEnd{State: sluice.RunCancelled, Error: store.ParentEndedError(runID, state)}); err != nil {
+		if err := t.endRun(id, store.RunEnd{State: sluice.RunCancelled, Error: store.ParentEndedError(runID, state)}); err != nil {
 			return err
 		}
 	}

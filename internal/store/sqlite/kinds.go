@@ -131,30 +131,6 @@ func (t *txn) parkKinds(kinds []string) error {
 	return err
 }
 
-// parkQueue parks the queued tasks of queue name whose kind no worker
-// serves, as its resume sends its paused tasks back to the wait lists (it
-// counts the wait lists after).
-func (t *txn) parkQueue(name string) error {
-	kinds, err := t.strings(`SELECT DISTINCT kind FROM tasks WHERE queue = ? AND state = 'queued'`, name)
-	if err != nil {
-		return fmt.Errorf("resuming queue %q: %w", name, err)
-	}
-	for _, k := range kinds {
-		w, err := t.WaitIn(&flow.Queue{}, k) // in a queue not paused: its own, resumed
-		if err != nil {
-			return err
-		}
-		if !w.Parked {
-			continue
-		}
-		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE queue = ? AND kind = ? AND state = 'queued'`,
-			w.State, w.PausedFrom(w.State), name, k); err != nil {
-			return fmt.Errorf("resuming queue %q: %w", name, err)
-		}
-	}
-	return nil
-}
-
 // strings reads a query of one text column.
 func (t *txn) strings(q string, args ...any) ([]string, error) {
 	rows, err := t.tx.QueryContext(t.ctx, q, args...)

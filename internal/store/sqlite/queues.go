@@ -129,10 +129,11 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 		if _, err := t.exec(`UPDATE subqueues SET paused = ? WHERE queue = ?`, paused, name); err != nil {
 			return err
 		}
+		t.SetQueuePaused(q, paused)
 		if paused {
-			return t.pauseTasks(name)
+			return t.pauseTasks(q)
 		}
-		return t.resumeTasks(name)
+		return t.resumeTasks(q)
 	})
 	if err != nil {
 		return nil, o, err
@@ -143,70 +144,93 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (*
 
 // pauseTasks parks the queue's waiting tasks: ready ones give their slots
 // back, and all return to queued on resume, in their original order. The
-// moves are set-based (flow.Counters.MoveSet): these statements apply
-// their effect to the queue's sub-queues, none of which this transaction
-// holds, so no flush overwrites them.
-func (t *txn) pauseTasks(name string) error {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT sq, count(*) FROM tasks WHERE queue = ? AND state = 'ready' GROUP BY sq`, name)
+// tasks move by the set; their counts per sub-queue and state are read
+// first and moved through the flow core (MoveN), which the flush
+// writes.
+func (t *txn) pauseTasks(q *flow.Queue) error {
+	type group struct {
+		sq, n int64
+		from  sluice.TaskState
+	}
+	var gs []group
+	err := t.rows(`SELECT sq, state, count(*) FROM tasks WHERE queue = ? AND state IN ('ready', 'queued') GROUP BY sq, state`,
+		[]any{q.Name()}, func(scan func(...any) error) error {
+			var g group
+			if err := scan(&g.sq, &g.from, &g.n); err != nil {
+				return err
+			}
+			gs = append(gs, g)
+			return nil
+		})
 	if err != nil {
-		return err
+		return fmt.Errorf("pausing queue %q: %w", q.Name(), err)
 	}
-	held := map[int64]int64{}
-	for rows.Next() {
-		var sqID, n int64
-		if err := rows.Scan(&sqID, &n); err != nil {
-			rows.Close()
+	for _, g := range gs {
+		sq, err := t.subqueue(g.sq)
+		if err != nil {
 			return err
 		}
-		held[sqID] = n
-	}
-	rows.Close()
-	for sqID, n := range held {
-		// ready → paused: the slots go back.
-		if _, err := t.MoveSet(sluice.StateReady, sluice.StatePaused, n); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE subqueues SET running = running - ? WHERE id = ?`, n, sqID); err != nil {
+		if _, err := t.MoveN(sq, q, g.from, sluice.StatePaused, g.n); err != nil {
 			return err
 		}
 	}
-	// queued → paused: off the wait lists.
-	if _, err := t.MoveSet(sluice.StateQueued, sluice.StatePaused, -1); err != nil {
-		return err
-	}
-	if _, err := t.exec(`UPDATE subqueues SET queued = 0 WHERE queue = ?`, name); err != nil {
-		return err
-	}
-	if _, err = t.exec(`UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = ? AND state IN ('ready', 'queued')`, name); err != nil {
+	if _, err = t.exec(`UPDATE tasks SET state = 'paused', paused_from = 'queued' WHERE queue = ? AND state IN ('ready', 'queued')`, q.Name()); err != nil {
 		return err
 	}
 	// Parked tasks (flow/kinds.go) are paused by their queue now; its
 	// resume parks them again if no worker serves them yet.
-	if _, err = t.exec(`UPDATE tasks SET paused_from = 'queued' WHERE queue = ? AND state = 'paused' AND paused_from = ?`, name, flow.Unserved); err != nil {
+	if _, err = t.exec(`UPDATE tasks SET paused_from = 'queued' WHERE queue = ? AND state = 'paused' AND paused_from = ?`, q.Name(), flow.Unserved); err != nil {
 		return err
 	}
 	// A child paused from ready gave back the slot its parent lent it:
 	// the parent holds it for the child again (children.go).
-	return t.touchLending(name)
+	return t.touchLending(q.Name())
 }
 
-// resumeTasks returns paused tasks to the state they left; the refill
-// after the transaction promotes what the limits allow.
-func (t *txn) resumeTasks(name string) error {
-	// paused → queued: back on the wait lists, counted again below.
-	if _, err := t.MoveSet(sluice.StatePaused, sluice.StateQueued, -1); err != nil {
-		return err
+// resumeTasks returns the tasks the queue's pause held (a task of a
+// paused run stays paused: its run's resume returns it) to the states
+// they left, or parks those of kinds no worker serves (flow/kinds.go):
+// their counts per sub-queue, state left and kind are read, moved
+// through the flow core (QueueResumeTo, MoveN), and the tasks written
+// group by group. The refill after it promotes what the limits allow.
+func (t *txn) resumeTasks(q *flow.Queue) error {
+	type group struct {
+		sq, n    int64
+		pf, kind string
 	}
-	// A task of a paused run stays paused: its run's resume returns it.
-	if _, err := t.exec(`UPDATE tasks SET state = paused_from, paused_from = NULL WHERE queue = ? AND state = 'paused' AND run_paused = 0`, name); err != nil {
-		return err
+	var gs []group
+	err := t.rows(`SELECT sq, paused_from, kind, count(*) FROM tasks WHERE queue = ? AND state = 'paused' AND run_paused = 0
+		GROUP BY sq, paused_from, kind`, []any{q.Name()}, func(scan func(...any) error) error {
+		var g group
+		if err := scan(&g.sq, &g.pf, &g.kind, &g.n); err != nil {
+			return err
+		}
+		gs = append(gs, g)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("resuming queue %q: %w", q.Name(), err)
 	}
-	// Those of kinds no worker serves park (flow/kinds.go).
-	if err := t.parkQueue(name); err != nil {
-		return err
+	for _, g := range gs {
+		sq, err := t.subqueue(g.sq)
+		if err != nil {
+			return err
+		}
+		to, npf, err := t.QueueResumeTo(q, g.pf, g.kind)
+		if err != nil {
+			return err
+		}
+		if to != sluice.StatePaused { // parked, it stays paused: no move
+			if _, err := t.MoveN(sq, q, sluice.StatePaused, to, g.n); err != nil {
+				return err
+			}
+		}
+		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ? WHERE queue = ? AND state = 'paused' AND run_paused = 0
+			AND sq = ? AND kind = ? AND paused_from = ?`, to, npf, q.Name(), g.sq, g.kind, g.pf); err != nil {
+			return fmt.Errorf("resuming queue %q: %w", q.Name(), err)
+		}
 	}
-	_, err := t.exec(`UPDATE subqueues SET queued = (SELECT count(*) FROM tasks WHERE tasks.sq = subqueues.id AND tasks.state = 'queued') WHERE queue = ?`, name)
-	return err
+	return nil
 }
 
 // SetEnvLimit sets the environment limit on running tasks.

@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 
 	"github.com/sluice-dev/sluice"
@@ -50,34 +49,31 @@ func (s *Store) PauseRun(ctx context.Context, id int64) (*store.RunRecord, store
 }
 
 func (t *txn) pauseRun(id int64) error {
-	var state sluice.RunState
-	err := t.tx.QueryRowContext(t.ctx, `SELECT state FROM runs WHERE id = ?`, id).Scan(&state)
-	if err == sql.ErrNoRows {
-		return sluice.NotFound("run %d not found", id)
-	}
-	if err != nil {
-		return fmt.Errorf("reading run %d: %w", id, err)
-	}
+	r, _, found, err := t.loadRun(id)
 	switch {
-	case state == sluice.RunPaused:
+	case err != nil:
+		return err
+	case !found:
+		return sluice.NotFound("run %d not found", id)
+	case r.State == sluice.RunPaused:
 		return nil // pausing twice is harmless
-	case state.Terminal():
-		return sluice.Conflict("run %d already %s", id, state)
+	case r.State.Terminal():
+		return sluice.Conflict("run %d already %s", id, r.State)
 	}
-	if _, err := t.exec(`UPDATE runs SET state = 'paused', paused_from = ?, seq = seq + 1 WHERE id = ?`, state, id); err != nil {
+	if _, err := t.moveRun(r, sluice.RunPaused); err != nil {
 		return fmt.Errorf("pausing run %d: %w", id, err)
 	}
-	t.setRunPaused(id, true)
-	tasks, err := t.runTasks(`state`, `state IN ('scheduled', 'queued', 'ready', 'reserved', 'paused')`, id)
+	tasks, err := t.runTasks(`state`, `state IN (`+store.SQLList(flow.RunPauseTable().States)+`)`, id)
 	if err != nil {
 		return fmt.Errorf("pausing run %d: %w", id, err)
 	}
 	for _, x := range tasks {
+		// Where it goes is the flow core's rule (flow.RunPausedFrom).
+		pf, _ := flow.RunPausedFrom(x.state, x.pausedFrom)
 		if x.state == sluice.StatePaused {
 			// Paused by its queue already, or parked (flow/kinds.go): now
-			// by its run too, and back on the wait list when both let it.
-			if _, err := t.exec(`UPDATE tasks SET run_paused = 1, paused_from = CASE WHEN paused_from = ? THEN 'queued' ELSE paused_from END
-				WHERE id = ?`, flow.Unserved, x.id); err != nil {
+			// by its run too.
+			if _, err := t.exec(`UPDATE tasks SET run_paused = 1, paused_from = ? WHERE id = ?`, pf, x.id); err != nil {
 				return err
 			}
 			continue
@@ -93,14 +89,8 @@ func (t *txn) pauseRun(id int64) error {
 		if err := t.Move(sq, q, x.state, sluice.StatePaused); err != nil {
 			return err
 		}
-		// A scheduled task keeps its run_at; the others return to the
-		// wait list (a ready one re-takes a slot as the limits allow).
-		from := sluice.StateQueued
-		if x.state == sluice.StateScheduled {
-			from = sluice.StateScheduled
-		}
 		if _, err := t.exec(`UPDATE tasks SET state = 'paused', paused_from = ?, run_paused = 1, worker_id = NULL, after_id = NULL WHERE id = ?`,
-			from, x.id); err != nil {
+			pf, x.id); err != nil {
 			return err
 		}
 	}
@@ -130,41 +120,28 @@ func (s *Store) ResumeRun(ctx context.Context, id int64) (*store.RunRecord, stor
 }
 
 func (t *txn) resumeRun(id int64) error {
-	var (
-		state         sluice.RunState
-		from          *string
-		workflow, key string
-		limit         int
-	)
-	err := t.tx.QueryRowContext(t.ctx, `SELECT state, paused_from, workflow, ckey, climit FROM runs WHERE id = ?`, id).
-		Scan(&state, &from, &workflow, &key, &limit)
-	if err == sql.ErrNoRows {
-		return sluice.NotFound("run %d not found", id)
-	}
-	if err != nil {
-		return fmt.Errorf("reading run %d: %w", id, err)
-	}
+	r, wfPaused, found, err := t.loadRun(id)
 	switch {
-	case state == sluice.RunRunning || state == sluice.RunQueued:
+	case err != nil:
+		return err
+	case !found:
+		return sluice.NotFound("run %d not found", id)
+	case r.State == sluice.RunRunning || r.State == sluice.RunQueued:
 		return nil // resuming twice is harmless
-	case state.Terminal():
-		return sluice.Conflict("run %d already %s", id, state)
+	case r.State.Terminal():
+		return sluice.Conflict("run %d already %s", id, r.State)
 	}
-	if from != nil && sluice.RunState(*from) == sluice.RunQueued {
-		// It had no place under its workflow's concurrency: it takes one
-		// if there is room, else waits queued again, in its order.
-		started, err := t.startQueued(id, workflow, key, limit)
-		if err != nil || started {
-			return err
-		}
-		_, err = t.exec(`UPDATE runs SET state = 'queued', paused_from = NULL, seq = seq + 1 WHERE id = ?`, id)
-		t.setRunPaused(id, false)
+	// Where it goes is the run core's decision: paused while running, it
+	// resumes; paused while queued (it had no place), it starts if there
+	// is room, else waits queued again, in its order.
+	to, err := t.StartOrWait(r, wfPaused)
+	if err != nil {
 		return err
 	}
-	if _, err := t.exec(`UPDATE runs SET state = 'running', paused_from = NULL, seq = seq + 1 WHERE id = ?`, id); err != nil {
-		return fmt.Errorf("resuming run %d: %w", id, err)
+	m, err := t.moveRun(r, to)
+	if err != nil || !m.Resume {
+		return err
 	}
-	t.setRunPaused(id, false)
 	tasks, err := t.runTasks(`paused_from`, `state = 'paused' AND run_paused = 1`, id)
 	if err != nil {
 		return fmt.Errorf("resuming run %d: %w", id, err)
@@ -174,7 +151,7 @@ func (t *txn) resumeRun(id int64) error {
 		if err != nil {
 			return err
 		}
-		if q.Paused() && x.state == sluice.StateQueued {
+		if flow.RunResumeStays(string(x.state), q.Paused()) {
 			// Its queue is paused: it stays paused, for the queue's
 			// resume.
 			if _, err := t.exec(`UPDATE tasks SET run_paused = 0 WHERE id = ?`, x.id); err != nil {
@@ -219,43 +196,26 @@ func (t *txn) resumeRun(id int64) error {
 			return err
 		}
 	}
-	// Its child runs (workflow steps) resume with it.
-	if err := t.resumeChildRuns(id); err != nil {
-		return err
-	}
-	// The workflow layer looks again: a decision taken while paused
-	// created its tasks paused, and they run now; this event is for
+	// Its child runs (workflow steps) resume with it. The workflow layer
+	// looks again (the resume event of the move): a decision taken while
+	// paused created its tasks paused, and they run now; the event is for
 	// anything it could not see.
-	return t.runEvent(id, "resume")
+	return t.resumeChildRuns(id)
 }
 
-// startQueued starts a queued run if its workflow is not paused and its
-// key has room under the workflow's concurrency (limit 0: none).
-func (t *txn) startQueued(id int64, workflow, key string, limit int) (bool, error) {
-	paused, err := t.workflowPaused(workflow)
-	if err != nil || paused {
-		return false, err
+// startOrWait starts queued run id if the run core says it may (its
+// workflow is not paused and its key has room), else leaves it queued.
+func (t *txn) startOrWait(id int64) error {
+	r, wfPaused, found, err := t.loadRun(id)
+	if err != nil || !found {
+		return err
 	}
-	if limit > 0 {
-		var active int
-		err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_slots (workflow, ckey) VALUES (?, ?)
-			ON CONFLICT (workflow, ckey) DO UPDATE SET active = active RETURNING active`, workflow, key).Scan(&active)
-		if err != nil {
-			return false, fmt.Errorf("run concurrency: %w", err)
-		}
-		if active >= limit {
-			return false, nil
-		}
-		if _, err := t.exec(`UPDATE run_slots SET active = active + 1 WHERE workflow = ? AND ckey = ?`, workflow, key); err != nil {
-			return false, err
-		}
+	to, err := t.StartOrWait(r, wfPaused)
+	if err != nil || to == r.State {
+		return err
 	}
-	if _, err := t.exec(`UPDATE runs SET state = 'running', paused_from = NULL, started_at = coalesce(started_at, ?), seq = seq + 1 WHERE id = ?`,
-		t.now, id); err != nil {
-		return false, fmt.Errorf("starting run %d: %w", id, err)
-	}
-	t.setRunPaused(id, false)
-	return true, t.runEvent(id, "start")
+	_, err = t.moveRun(r, to)
+	return err
 }
 
 // workflowPaused reports whether a workflow is paused (new runs wait
@@ -309,18 +269,12 @@ func (s *Store) SetWorkflowPaused(ctx context.Context, name string, paused, runs
 // resumeOrStart resumes a paused run, or starts a queued one if there is
 // room (a workflow's resume).
 func (t *txn) resumeOrStart(id int64) error {
-	var (
-		state         sluice.RunState
-		workflow, key string
-		limit         int
-	)
-	if err := t.tx.QueryRowContext(t.ctx, `SELECT state, workflow, ckey, climit FROM runs WHERE id = ?`, id).
-		Scan(&state, &workflow, &key, &limit); err != nil {
+	var state sluice.RunState
+	if err := t.tx.QueryRowContext(t.ctx, `SELECT state FROM runs WHERE id = ?`, id).Scan(&state); err != nil {
 		return err
 	}
 	if state == sluice.RunPaused {
 		return t.resumeRun(id)
 	}
-	_, err := t.startQueued(id, workflow, key, limit)
-	return err
+	return t.startOrWait(id)
 }

@@ -53,45 +53,36 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 	if !t.Env.Admits(lim.MaxActive, 1) {
 		return 0, false, store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
 	}
-	state := sluice.RunRunning
-	paused, err := t.workflowPaused(r.Workflow)
+	// Where it goes is the run core's decision (flow/runs.go), on its
+	// workflow's pause and its key's place.
+	run := &flow.Run{State: flow.NewRun, Workflow: r.Workflow, Key: r.Key, Limit: int64(r.Limit)}
+	wfPaused, err := t.readPlace(run)
 	if err != nil {
 		return 0, false, err
 	}
-	if paused {
-		// A paused workflow accepts runs and keeps them queued.
-		state = sluice.RunQueued
-	} else if r.Limit > 0 {
-		var active int
-		err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_slots (workflow, ckey) VALUES (?, ?)
-			ON CONFLICT (workflow, ckey) DO UPDATE SET active = active RETURNING active`, r.Workflow, r.Key).Scan(&active)
-		if err != nil {
-			return 0, false, fmt.Errorf("run concurrency: %w", err)
-		}
-		if active >= r.Limit {
-			state = sluice.RunQueued
-		} else if _, err := t.exec(`UPDATE run_slots SET active = active + 1 WHERE workflow = ? AND ckey = ?`, r.Workflow, r.Key); err != nil {
-			return 0, false, fmt.Errorf("run concurrency: %w", err)
-		}
+	to, err := t.StartOrWait(run, wfPaused)
+	if err != nil {
+		return 0, false, err
+	}
+	m, err := t.MoveRun(run, to)
+	if err != nil {
+		return 0, false, err
 	}
 	var idem, started any
 	if r.IdempotencyKey != "" {
 		idem = r.IdempotencyKey
 	}
-	if state == sluice.RunRunning {
+	if m.Start {
 		started = t.now
 	}
 	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO runs (workflow, version, state, input, idempotency_key, ckey, climit, created_at, started_at,
 		parent_run_id, parent_step_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		r.Workflow, r.Version, state, []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started,
+		r.Workflow, r.Version, m.State, []byte(store.JSONOrNull(r.Input)), idem, r.Key, r.Limit, t.now, started,
 		nullID(r.ParentRunID), nullID(r.ParentStepID)).Scan(&id)
 	if err != nil {
 		return 0, false, fmt.Errorf("inserting run: %w", err)
 	}
-	if state == sluice.RunRunning {
-		return id, true, t.runEvent(id, "start")
-	}
-	return id, true, nil
+	return id, true, t.runMoved(id, m)
 }
 
 const (
@@ -188,7 +179,7 @@ func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, 
 			return fmt.Errorf("run %d: %w", a.RunID, err)
 		}
 		if a.End != nil {
-			return t.endRun(a.RunID, state, *a.End)
+			return t.endRun(a.RunID, *a.End)
 		}
 		return nil
 	})
@@ -285,7 +276,7 @@ func (t *txn) insertWaiting(nts []*store.NewTask) error {
 // endRun ends a run: a run that did not succeed has its unfinished tasks
 // and steps ended; a run holding a place under its workflow's
 // concurrency gives it to the next queued run of its key.
-func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error {
+func (t *txn) endRun(runID int64, end store.RunEnd) error {
 	if end.State != sluice.RunSucceeded {
 		if err := t.endRunTasks(runID); err != nil {
 			return err
@@ -298,53 +289,43 @@ func (t *txn) endRun(runID int64, from sluice.RunState, end store.RunEnd) error 
 	if end.Output != nil {
 		out = []byte(end.Output)
 	}
-	var (
-		workflow, key string
-		limit         int
-		pausedFrom    *string
-		parentStep    *int64
-	)
-	err := t.tx.QueryRowContext(t.ctx, `UPDATE runs SET state = ?, output = ?, error = ?, finished_at = ? WHERE id = ?
-		RETURNING workflow, ckey, climit, paused_from, parent_step_id`, end.State, out, end.Error, t.now, runID).
-		Scan(&workflow, &key, &limit, &pausedFrom, &parentStep)
+	r, wfPaused, found, err := t.loadRun(runID)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("ending run %d: not found", runID)
+	}
+	passes := flow.PassesPlace(r, wfPaused)
+	if _, err := t.MoveRun(r, end.State); err != nil {
+		return err
+	}
+	var parentStep *int64
+	err = t.tx.QueryRowContext(t.ctx, `UPDATE runs SET state = ?, paused_from = NULL, output = ?, error = ?, finished_at = ? WHERE id = ?
+		RETURNING parent_step_id`, end.State, out, end.Error, t.now, runID).Scan(&parentStep)
 	if err != nil {
 		return fmt.Errorf("ending run %d: %w", runID, err)
 	}
 	t.setRunPaused(runID, false)
 	if parentStep != nil {
-		if err := t.childRunEnded(runID, *parentStep, workflow, end); err != nil {
+		if err := t.childRunEnded(runID, *parentStep, r.Workflow, end); err != nil {
 			return err
 		}
 	}
-	if from == sluice.RunPaused && pausedFrom != nil {
-		from = sluice.RunState(*pausedFrom)
+	if !passes {
+		return nil
 	}
-	if limit == 0 || from == sluice.RunQueued {
-		return nil // it held no place under its workflow's concurrency
-	}
-	if paused, err := t.workflowPaused(workflow); err != nil || paused {
-		if err != nil {
-			return err
-		}
-		// A paused workflow starts nothing: the place is free.
-		_, err = t.exec(`UPDATE run_slots SET active = active - 1 WHERE workflow = ? AND ckey = ?`, workflow, key)
-		return err
-	}
+	// The place it freed passes to the next queued run of its key.
 	var next int64
 	err = t.tx.QueryRowContext(t.ctx, `SELECT id FROM runs INDEXED BY runs_queued WHERE workflow = ? AND ckey = ? AND state = 'queued' ORDER BY id LIMIT 1`,
-		workflow, key).Scan(&next)
+		r.Workflow, r.Key).Scan(&next)
 	if err == sql.ErrNoRows {
-		_, err = t.exec(`UPDATE run_slots SET active = active - 1 WHERE workflow = ? AND ckey = ?`, workflow, key)
-		return err
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("run concurrency: %w", err)
 	}
-	// The place passes to the next run of the key: active is unchanged.
-	if _, err := t.exec(`UPDATE runs SET state = 'running', started_at = ?, seq = seq + 1 WHERE id = ?`, t.now, next); err != nil {
-		return fmt.Errorf("starting run %d: %w", next, err)
-	}
-	return t.runEvent(next, "start")
+	return t.startOrWait(next)
 }
 
 // endRunTasks ends a run's unfinished steps (cancelled) and tasks: those
@@ -407,7 +388,7 @@ func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, stor
 		if _, err := t.exec(`UPDATE runs SET seq = seq + 1 WHERE id = ?`, id); err != nil {
 			return err
 		}
-		return t.endRun(id, state, store.RunEnd{State: sluice.RunCancelled, Error: "cancelled"})
+		return t.endRun(id, store.RunEnd{State: sluice.RunCancelled, Error: "cancelled"})
 	})
 	if err != nil {
 		return nil, o, err
@@ -421,13 +402,14 @@ func (s *Store) CancelRun(ctx context.Context, id int64) (*store.RunRecord, stor
 type runTask struct {
 	id, sq      int64
 	state       sluice.TaskState
+	pausedFrom  string
 	queue, kind string
 }
 
 // runTasks reads the tasks of run runID that match cond, with column
 // stateCol as their state.
 func (t *txn) runTasks(stateCol, cond string, runID int64) ([]runTask, error) {
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, `+stateCol+`, queue, kind FROM tasks INDEXED BY tasks_run WHERE run_id = ? AND `+cond, runID)
+	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, sq, `+stateCol+`, coalesce(paused_from, ''), queue, kind FROM tasks INDEXED BY tasks_run WHERE run_id = ? AND `+cond, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +417,7 @@ func (t *txn) runTasks(stateCol, cond string, runID int64) ([]runTask, error) {
 	var out []runTask
 	for rows.Next() {
 		var x runTask
-		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.queue, &x.kind); err != nil {
+		if err := rows.Scan(&x.id, &x.sq, &x.state, &x.pausedFrom, &x.queue, &x.kind); err != nil {
 			return nil, err
 		}
 		out = append(out, x)

@@ -79,6 +79,9 @@ func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (st
 	if err := t.fill(); err != nil {
 		return o, err
 	}
+	if err := t.writePlaces(); err != nil { // the run core's (run_core.go)
+		return o, err
+	}
 	o.Readied = t.Readied()
 	o.RunEvents = t.events
 	o.RateWait, o.Cancelled = t.rateWait, t.cancelled
@@ -104,4 +107,21 @@ func (s *Store) tx(ctx context.Context, fn func(tx *wtx) error) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// rows runs a query in the transaction and calls fn with each row's
+// Scan. fn must not run statements of its own: the rows hold the
+// connection until they are read.
+func (t *txn) rows(q string, args []any, fn func(scan func(...any) error) error) error {
+	rows, err := t.tx.QueryContext(t.ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
