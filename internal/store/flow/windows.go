@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"fmt"
+
 	"github.com/sluice-dev/sluice"
 )
 
@@ -139,12 +141,29 @@ func (s *Step) Room() int64 {
 	return max(0, min(s.waiting, *s.window-s.active))
 }
 
-// Admit counts n waiting items let into the window; the store moves each
-// from waiting with Counters.Move.
-func (s *Step) Admit(n int64) {
-	s.waiting -= n
-	s.active += n
+// Admit counts the found waiting items the store read to let into the
+// window, of the Room it asked for; the store then moves each from
+// waiting where LetIn says. Finding fewer than asked means the counters
+// are out of step with the tasks: nothing is admitted.
+func (s *Step) Admit(asked, found int64) error {
+	if found != asked {
+		return fmt.Errorf("window of step %d: counted %d waiting, found %d: counters out of step", s.id, s.waiting, found)
+	}
+	s.waiting -= found
+	s.active += found
 	s.dirty = true
+	return nil
+}
+
+// LetIn is where an item let into its step's window goes: paused while
+// its run is paused (the run's resume returns it), else where WaitIn
+// sends it (queued, paused in a paused queue, parked when no worker
+// serves its kind).
+func (c *Counters) LetIn(q *Queue, kind string, runPaused bool) (Wait, error) {
+	if runPaused {
+		return Wait{State: sluice.StatePaused}, nil
+	}
+	return c.WaitIn(q, kind)
 }
 
 // SetState moves the step to a final state chosen by its run (cancelled

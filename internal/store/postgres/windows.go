@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"encoding/json"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -213,25 +212,19 @@ func (t *txn) letIn() func() error {
 			found[g.step] += int64(len(g.ids))
 		}
 		for i, id := range steps {
-			if found[id] != ns[i] {
-				return fmt.Errorf("window of step %d: counted %d waiting, found %d: counters out of step", id, t.steps[id].Waiting(), found[id])
+			if err := t.steps[id].Admit(ns[i], found[id]); err != nil {
+				return err
 			}
-			t.steps[id].Admit(ns[i])
 		}
 		var ids []int64
 		var states []string
 		var paused []*string
 		var runPaused []bool
 		for _, g := range groups {
-			// Items let in while their run is paused wait paused; those
-			// of a kind no worker serves park.
-			w, err := t.WaitIn(g.q, g.kind)
+			rp := t.paused[t.steps[g.step].RunID()]
+			w, err := t.LetIn(g.q, g.kind, rp)
 			if err != nil {
 				return err
-			}
-			rp := t.paused[t.steps[g.step].RunID()]
-			if rp {
-				w = flow.Wait{State: sluice.StatePaused}
 			}
 			to := w.State
 			if _, err := t.MoveN(g.sq, g.q, sluice.StateWaiting, to, int64(len(g.ids))); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"github.com/sluice-dev/sluice/internal/store"
 	"github.com/sluice-dev/sluice/internal/store/flow"
@@ -124,4 +125,31 @@ func (t *txn) rows(q string, args []any, fn func(scan func(...any) error) error)
 		}
 	}
 	return rows.Err()
+}
+
+// idsPerStatement is how many ids one statement of execIDs lists, well
+// under SQLite's limit on a statement's parameters.
+const idsPerStatement = 500
+
+// execIDs runs prefix followed by a list of ids, "(?, ?, …)", with args
+// first, as many statements as the ids need.
+func (t *txn) execIDs(prefix string, args []any, ids []int64) error {
+	for len(ids) > 0 {
+		batch := ids[:min(len(ids), idsPerStatement)]
+		ids = ids[len(batch):]
+		a := append(append(make([]any, 0, len(args)+len(batch)), args...), anyIDs(batch)...)
+		if _, err := t.exec(prefix+"(?"+strings.Repeat(", ?", len(batch)-1)+")", a...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// anyIDs is ids as statement arguments.
+func anyIDs(ids []int64) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
 }

@@ -66,13 +66,17 @@ func (t *txn) settle() error {
 	if len(list) == 0 {
 		return nil
 	}
+	ids := make([]int64, len(list))
+	for i, e := range list {
+		ids[i] = e.id
+	}
+	if err := t.execIDs(`UPDATE tasks SET settled = 1 WHERE id IN `, nil, ids); err != nil {
+		return fmt.Errorf("settling run tasks: %w", err)
+	}
 	for _, e := range list {
 		st, err := t.step(e.step)
 		if err != nil {
 			return err
-		}
-		if _, err := t.exec(`UPDATE tasks SET settled = 1 WHERE id = ?`, e.id); err != nil {
-			return fmt.Errorf("settling task %d: %w", e.id, err)
 		}
 		switch st.End(e.state, e.windowed) {
 		case flow.StepFails:
@@ -125,15 +129,25 @@ func (t *txn) letIn(st *flow.Step) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if int64(len(items)) != n {
-		return fmt.Errorf("window of step %d: counted %d waiting, found %d: counters out of step", st.ID(), st.Waiting(), len(items))
+	if err := st.Admit(n, int64(len(items))); err != nil {
+		return err
 	}
-	st.Admit(n)
 	// Items let in while their run is paused wait paused.
 	runPaused, err := t.runPaused(st.RunID())
 	if err != nil {
 		return err
 	}
+	// The items move by group (sub-queue, and where they go), each
+	// group's tasks written by one statement.
+	type group struct {
+		sq *flow.Subqueue
+		q  *flow.Queue
+		w  flow.Wait
+	}
+	var (
+		order []group
+		ids   = map[group][]int64{}
+	)
 	for _, it := range items {
 		sq, err := t.subqueue(it.sq)
 		if err != nil {
@@ -143,19 +157,23 @@ func (t *txn) letIn(st *flow.Step) error {
 		if err != nil {
 			return err
 		}
-		w, err := t.WaitIn(q, it.kind)
+		w, err := t.LetIn(q, it.kind, runPaused)
 		if err != nil {
 			return err
 		}
-		if runPaused {
-			w = flow.Wait{State: sluice.StatePaused}
+		g := group{sq, q, w}
+		if _, ok := ids[g]; !ok {
+			order = append(order, g)
 		}
-		to := w.State
-		if err := t.Move(sq, q, sluice.StateWaiting, to); err != nil {
+		ids[g] = append(ids[g], it.id)
+	}
+	for _, g := range order {
+		to := g.w.State
+		if _, err := t.MoveN(g.sq, g.q, sluice.StateWaiting, to, int64(len(ids[g]))); err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, windowed = 1 WHERE id = ?`,
-			to, w.PausedFrom(to), runPaused, it.id); err != nil {
+		if err := t.execIDs(`UPDATE tasks SET state = ?, paused_from = ?, run_paused = ?, windowed = 1 WHERE id IN `,
+			[]any{to, g.w.PausedFrom(to), runPaused}, ids[g]); err != nil {
 			return fmt.Errorf("window of step %d: %w", st.ID(), err)
 		}
 	}
