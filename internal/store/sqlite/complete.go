@@ -36,15 +36,23 @@ func (t *txn) succeedIn(workerID string, r sluice.TaskResult) (bool, *flow.Queue
 	var (
 		sqID, startedAt int64
 		queue           string
+		step, item      *int64
+		windowed        bool
 	)
-	err := t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'succeeded', output = ?, error = '', finished_at = ?, worker_id = NULL, timeout_at = NULL
-		WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ? RETURNING sq, queue, started_at`,
-		output, t.now, r.TaskID, workerID, r.Attempt).Scan(&sqID, &queue, &startedAt)
+	// A run task settles here, in its end's own statement: settle counts
+	// it in its step without reading or writing it again.
+	err := t.tx.QueryRowContext(t.ctx, `UPDATE tasks SET state = 'succeeded', output = ?, error = '', finished_at = ?, worker_id = NULL, timeout_at = NULL,
+			settled = step_id IS NOT NULL
+		WHERE id = ? AND state = 'running' AND worker_id = ? AND attempt = ? RETURNING sq, queue, started_at, step_id, windowed, item`,
+		output, t.now, r.TaskID, workerID, r.Attempt).Scan(&sqID, &queue, &startedAt, &step, &windowed, &item)
 	if err == sql.ErrNoRows {
 		return false, nil, nil
 	}
 	if err != nil {
 		return false, nil, err
+	}
+	if step != nil {
+		t.settling = append(t.settling, endedRunTask{id: r.TaskID, step: *step, state: sluice.StateSucceeded, windowed: windowed, item: item})
 	}
 	sq, err := t.subqueue(sqID)
 	if err != nil {

@@ -38,6 +38,9 @@ type txn struct {
 	victims map[int64]string
 	// paused caches whether runs are paused (run_pause.go).
 	paused map[int64]bool
+	// settling: run tasks that settled in the statements that ended
+	// them, for settle to count (windows.go).
+	settling []endedRunTask
 }
 
 // write runs fn in a write transaction, then writes the counters and

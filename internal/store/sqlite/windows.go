@@ -33,45 +33,48 @@ func (t *txn) step(id int64) (*flow.Step, error) {
 	return s, nil
 }
 
+// endedRunTask is a run task that ended in this transaction, as settle
+// counts it in its step.
+type endedRunTask struct {
+	id, step int64
+	state    sluice.TaskState
+	windowed bool
+	err      string
+	item     *int64
+}
+
 // settle counts the run tasks that ended in this transaction in their
 // steps, lets waiting items into the windows that have room, and records
-// the steps that ended. Only ended tasks not yet counted are read (the
-// partial index tasks_unsettled holds nothing else).
+// the steps that ended. A success settles in the statement that ends it
+// (succeedIn, which hands it over in t.settling); the other ends are
+// read (the partial index tasks_unsettled holds nothing else) and marked
+// settled.
 func (t *txn) settle() error {
-	type ended struct {
-		id, step int64
-		state    sluice.TaskState
-		windowed bool
-		err      string
-		item     *int64
-	}
-	rows, err := t.tx.QueryContext(t.ctx, `SELECT id, step_id, state, windowed, error, item FROM tasks INDEXED BY tasks_unsettled
-		WHERE step_id IS NOT NULL AND settled = 0 AND state IN ('succeeded', 'failed', 'cancelled')`)
+	list := t.settling
+	t.settling = nil
+	var read []endedRunTask
+	err := t.rows(`SELECT id, step_id, state, windowed, error, item FROM tasks INDEXED BY tasks_unsettled
+		WHERE step_id IS NOT NULL AND settled = 0 AND state IN ('succeeded', 'failed', 'cancelled')`, nil, func(scan func(...any) error) error {
+		var e endedRunTask
+		if err := scan(&e.id, &e.step, &e.state, &e.windowed, &e.err, &e.item); err != nil {
+			return err
+		}
+		read = append(read, e)
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("settling run tasks: %w", err)
 	}
-	var list []ended
-	for rows.Next() {
-		var e ended
-		if err := rows.Scan(&e.id, &e.step, &e.state, &e.windowed, &e.err, &e.item); err != nil {
-			rows.Close()
-			return fmt.Errorf("settling run tasks: %w", err)
-		}
-		list = append(list, e)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("settling run tasks: %w", err)
-	}
-	if len(list) == 0 {
-		return nil
-	}
-	ids := make([]int64, len(list))
-	for i, e := range list {
+	ids := make([]int64, len(read))
+	for i, e := range read {
 		ids[i] = e.id
 	}
 	if err := t.execIDs(`UPDATE tasks SET settled = 1 WHERE id IN `, nil, ids); err != nil {
 		return fmt.Errorf("settling run tasks: %w", err)
+	}
+	list = append(list, read...)
+	if len(list) == 0 {
+		return nil
 	}
 	for _, e := range list {
 		st, err := t.step(e.step)
