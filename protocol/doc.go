@@ -11,6 +11,11 @@
 //	POST   /v1/workers/{id}/release     ReleaseParams        → 204
 //	DELETE /v1/workers/{id}                                  → 204
 //
+// and, for a running task's children (see ChildParams):
+//
+//	POST   /v1/workers/{wid}/tasks/{id}/children  ChildParams     → 201 ChildResult
+//	POST   /v1/workers/{wid}/tasks/{id}/wait      WaitChildParams → 200 WaitChildResult
+//
 // An error is answered with {"error": {"code", "message", "field"}} and a
 // 4xx or 5xx status; a worker that gets 404 for its id (its lease expired
 // and the server forgot it) registers again. openapi.yaml at the root of
@@ -45,6 +50,7 @@
 //     be read leniently, since a newer server may add fields.
 //
 // The sluice Go package re-exports every type here under the same name
-// (sluice.ClaimedTask is protocol.ClaimedTask), so Go programs need not
-// import this package.
+// (sluice.ClaimedTask is protocol.ClaimedTask; sluice.ChildResult is
+// ChildResult with its Task and Run), so Go programs need not import this
+// package.
 package protocol

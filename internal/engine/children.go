@@ -35,7 +35,7 @@ func (e *Engine) childStore() (store.ChildStore, error) {
 // (store.ChildKey), so the same call in a later attempt of the parent
 // returns the child made the first time (created false).
 func (e *Engine) TriggerChild(ctx context.Context, workerID string, parentID int64, p sluice.ChildParams) (*sluice.ChildResult, bool, error) {
-	if err := validate.WorkerID(workerID); err != nil {
+	if err := validate.Name("wid", workerID); err != nil {
 		return nil, false, err
 	}
 	if err := validate.TaskID("id", parentID); err != nil {
@@ -65,7 +65,9 @@ func (e *Engine) TriggerChild(ctx context.Context, workerID string, parentID int
 	} else {
 		tp := p.TriggerParams
 		tp.IdempotencyKey = key
-		ts, cs, err := e.TriggerMany(ctx, []sluice.TriggerParams{tp})
+		// Validated above as a child (validate.Child), its key aside,
+		// which is the engine's own.
+		ts, cs, err := e.triggerMany(ctx, []sluice.TriggerParams{tp})
 		if err != nil {
 			return nil, false, err
 		}
@@ -95,7 +97,7 @@ func (e *Engine) TriggerChild(ctx context.Context, workerID string, parentID int
 // server of a shared store is seen by the timer (or the notification of a
 // task it readied).
 func (e *Engine) WaitChild(ctx context.Context, workerID string, parentID int64, p sluice.WaitChildParams) (*sluice.WaitChildResult, error) {
-	if err := validate.WorkerID(workerID); err != nil {
+	if err := validate.Name("wid", workerID); err != nil {
 		return nil, err
 	}
 	if err := validate.TaskID("id", parentID); err != nil {

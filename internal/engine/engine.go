@@ -1,4 +1,5 @@
-// Package engine is the sluice engine: it validates requests, calls the
+// Package engine is the sluice engine: it validates requests (the one
+// validator of the API's input: validation.go), calls the
 // store (where flow control is enforced transactionally), wakes
 // long-polling workers when tasks become ready, explains waiting tasks and
 // runs the background services (lease sweeper, scheduler, retention,
@@ -128,10 +129,10 @@ func (e *Engine) Ready(ctx context.Context) error {
 
 // Trigger creates a task (S-FC4 overrides: queue, key, priority).
 func (e *Engine) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.Task, bool, error) {
-	if err := reservedKey(p.IdempotencyKey); err != nil {
+	if err := validateTrigger(&p); err != nil {
 		return nil, false, err
 	}
-	tasks, created, err := e.TriggerMany(ctx, []sluice.TriggerParams{p})
+	tasks, created, err := e.triggerMany(ctx, []sluice.TriggerParams{p})
 	if err != nil {
 		return nil, false, err
 	}
@@ -140,17 +141,10 @@ func (e *Engine) Trigger(ctx context.Context, p sluice.TriggerParams) (*sluice.T
 
 // TriggerBatch creates up to validate.MaxTriggerBatch tasks atomically.
 func (e *Engine) TriggerBatch(ctx context.Context, p sluice.TriggerBatchParams) (*sluice.TriggerBatchResult, error) {
-	if err := validate.TriggerBatch(&p); err != nil {
+	if err := validateTriggerBatch(&p); err != nil {
 		return nil, err
 	}
-	for i := range p.Tasks {
-		if err := reservedKey(p.Tasks[i].IdempotencyKey); err != nil {
-			err.Field = fmt.Sprintf("tasks[%d].%s", i, err.Field)
-			err.Message = fmt.Sprintf("tasks[%d].%s", i, err.Message)
-			return nil, err
-		}
-	}
-	tasks, created, err := e.TriggerMany(ctx, p.Tasks)
+	tasks, created, err := e.triggerMany(ctx, p.Tasks)
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +158,14 @@ func (e *Engine) TriggerBatch(ctx context.Context, p sluice.TriggerBatchParams) 
 // TriggerMany creates any number of tasks atomically: all are admitted or
 // none. (Benchmarks use it to pre-enqueue; the API caps batches.)
 func (e *Engine) TriggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]*sluice.Task, []bool, error) {
+	if err := validateTriggers(ps); err != nil {
+		return nil, nil, err
+	}
+	return e.triggerMany(ctx, ps)
+}
+
+// triggerMany is TriggerMany for tasks already validated.
+func (e *Engine) triggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]*sluice.Task, []bool, error) {
 	res, o, scheduled, err := e.enqueue(ctx, ps, e.enq.enqueue)
 	if err != nil {
 		return nil, nil, err
@@ -196,6 +198,9 @@ type EnqueueFunc func(ctx context.Context, lim store.Limits, tasks []store.NewTa
 // scheduled for later is promoted by the scheduler's next pass (within
 // a second of its time).
 func (e *Engine) TriggerWith(ctx context.Context, ps []sluice.TriggerParams, enqueue EnqueueFunc) ([]*sluice.Task, []bool, error) {
+	if err := validateTriggers(ps); err != nil {
+		return nil, nil, err
+	}
 	res, _, _, err := e.enqueue(ctx, ps, enqueue)
 	if err != nil {
 		return nil, nil, err
@@ -203,21 +208,13 @@ func (e *Engine) TriggerWith(ctx context.Context, ps []sluice.TriggerParams, enq
 	return e.triggered(res)
 }
 
-// enqueue validates ps and inserts them with enqueue; scheduled says one
-// is to run later.
+// enqueue inserts ps, validated, with enqueue; scheduled says one is to
+// run later.
 func (e *Engine) enqueue(ctx context.Context, ps []sluice.TriggerParams, enqueue EnqueueFunc) (res []store.EnqueueResult, o store.Outcome, scheduled bool, err error) {
 	nts := make([]store.NewTask, len(ps))
 	for i := range ps {
-		nt, err := e.newTask(&ps[i])
-		if err != nil {
-			var se *sluice.Error
-			if len(ps) > 1 && errors.As(err, &se) {
-				err = &sluice.Error{Code: se.Code, Field: fmt.Sprintf("tasks[%d].%s", i, se.Field), Message: fmt.Sprintf("tasks[%d].%s", i, se.Message)}
-			}
-			return nil, o, false, err
-		}
-		nts[i] = nt
-		scheduled = scheduled || !nt.RunAt.IsZero()
+		nts[i] = e.newTask(&ps[i])
+		scheduled = scheduled || !nts[i].RunAt.IsZero()
 	}
 	res, o, err = enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
 	if err != nil {
@@ -244,10 +241,9 @@ func (e *Engine) triggered(res []store.EnqueueResult) ([]*sluice.Task, []bool, e
 	return tasks, created, nil
 }
 
-func (e *Engine) newTask(p *sluice.TriggerParams) (store.NewTask, error) {
-	if err := validateTrigger(p); err != nil {
-		return store.NewTask{}, err
-	}
+// newTask is the task to insert for p, validated, with the defaults
+// filled in.
+func (e *Engine) newTask(p *sluice.TriggerParams) store.NewTask {
 	nt := store.NewTask{
 		Kind: p.Kind, Input: p.Input, Queue: p.Queue, ConcurrencyKey: p.ConcurrencyKey, Priority: p.Priority,
 		MaxAttempts: p.MaxAttempts, Timeout: p.Timeout.D(), DispatchDeadline: p.DispatchDeadline.D(),
@@ -262,7 +258,7 @@ func (e *Engine) newTask(p *sluice.TriggerParams) (store.NewTask, error) {
 	if p.RunAt != nil && p.RunAt.After(e.now()) {
 		nt.RunAt = *p.RunAt
 	}
-	return nt, nil
+	return nt
 }
 
 // GetTask returns a task with its attempts and explanation.
@@ -375,6 +371,9 @@ func (e *Engine) DeleteQueue(ctx context.Context, name string) error {
 
 // GetQueue returns a queue with counts.
 func (e *Engine) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	if err := validate.QueueName(name); err != nil {
+		return nil, err
+	}
 	return e.st.GetQueue(ctx, name)
 }
 
@@ -389,6 +388,9 @@ func (e *Engine) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
 
 // PauseQueue pauses a queue (S-FC8).
 func (e *Engine) PauseQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	if err := validate.QueueName(name); err != nil {
+		return nil, err
+	}
 	q, o, err := e.st.SetQueuePaused(ctx, name, true)
 	if err != nil {
 		return nil, err
@@ -399,6 +401,9 @@ func (e *Engine) PauseQueue(ctx context.Context, name string) (*sluice.Queue, er
 
 // ResumeQueue resumes a queue.
 func (e *Engine) ResumeQueue(ctx context.Context, name string) (*sluice.Queue, error) {
+	if err := validate.QueueName(name); err != nil {
+		return nil, err
+	}
 	q, o, err := e.st.SetQueuePaused(ctx, name, false)
 	if err != nil {
 		return nil, err
@@ -440,14 +445,15 @@ func (e *Engine) RegisterWorker(ctx context.Context, p sluice.RegisterWorkerPara
 		ChainResults: true}, nil
 }
 
-// maxWait caps a claim's long-poll.
-const maxWait = 60 * time.Second
+// maxWait caps a claim's long-poll (and a child wait's: children.go),
+// for an HTTP client and an in-process caller alike.
+const maxWait = validate.MaxClaimWait
 
 // Claim leases up to p.Max ready tasks; with p.Wait it long-polls until a
 // task becomes ready, a cancellation is due for this worker, or the wait
 // ends.
 func (e *Engine) Claim(ctx context.Context, workerID string, p sluice.ClaimParams) (*sluice.ClaimResult, error) {
-	if err := validate.Claim(&p); err != nil {
+	if err := validateClaim(workerID, &p); err != nil {
 		return nil, err
 	}
 	if p.Wait.D() > maxWait {
@@ -582,12 +588,14 @@ func (e *Engine) takeCancels(workerID string) []int64 {
 
 // Complete ends attempts in one transaction.
 func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.CompleteParams) (*sluice.CompleteResult, error) {
+	if err := validateComplete(workerID, &p); err != nil {
+		return nil, err
+	}
 	if len(p.Results) == 0 {
 		return &sluice.CompleteResult{Results: []sluice.ResultAck{}}, nil
 	}
-	if err := validate.Complete(&p); err != nil {
-		return nil, err
-	}
+	// A worker's result is never refused for its text (it could not send
+	// it again): what is not Unicode is replaced, here and nowhere else.
 	p.Results = validate.NormalizeResults(p.Results)
 	// The worker's next tasks, without another round trip and in the
 	// same transaction as its results. Its own long-poll is then not
@@ -685,7 +693,7 @@ func (e *Engine) Complete(ctx context.Context, workerID string, p sluice.Complet
 
 // Heartbeat extends the worker's lease on all its tasks.
 func (e *Engine) Heartbeat(ctx context.Context, workerID string, p sluice.HeartbeatParams) (*sluice.HeartbeatResult, error) {
-	if err := validate.Heartbeat(&p); err != nil {
+	if err := validateHeartbeat(workerID, &p); err != nil {
 		return nil, err
 	}
 	// The store extends the lease from its own reading of the clock, inside
@@ -716,7 +724,7 @@ func (e *Engine) Heartbeat(ctx context.Context, workerID string, p sluice.Heartb
 
 // Release hands tasks back unstarted.
 func (e *Engine) Release(ctx context.Context, workerID string, p sluice.ReleaseParams) error {
-	if err := validate.Release(&p); err != nil {
+	if err := validateRelease(workerID, &p); err != nil {
 		return err
 	}
 	o, err := e.st.Release(ctx, workerID, p.TaskIDs)
@@ -730,6 +738,9 @@ func (e *Engine) Release(ctx context.Context, workerID string, p sluice.ReleaseP
 // DeregisterWorker removes a worker; tasks it still holds go back to the
 // flow as failed attempts.
 func (e *Engine) DeregisterWorker(ctx context.Context, workerID string) error {
+	if err := validate.WorkerID(workerID); err != nil {
+		return err
+	}
 	o, err := e.st.DeregisterWorker(ctx, workerID, e.cfg.Backoff)
 	if err != nil {
 		return err

@@ -47,12 +47,12 @@ type orchestrator struct {
 	cfg    orchestratorConfig
 	deps   serviceDeps
 	defs   *definitions
-	after  func(context.Context, store.Outcome, *store.RunApply)
+	after  func(context.Context, store.Outcome, []store.RunApply)
 	wakes  chan struct{}
 	passed testSignal // a pass ended
 }
 
-func newOrchestrator(deps serviceDeps, cfg orchestratorConfig, defs *definitions, after func(context.Context, store.Outcome, *store.RunApply)) *orchestrator {
+func newOrchestrator(deps serviceDeps, cfg orchestratorConfig, defs *definitions, after func(context.Context, store.Outcome, []store.RunApply)) *orchestrator {
 	return &orchestrator{serviceBase: serviceBase{name: "orchestrator", log: deps.log}, cfg: cfg, deps: deps, defs: defs,
 		after: after, wakes: make(chan struct{}, 1)}
 }
@@ -77,7 +77,16 @@ func (o *orchestrator) run(stop, work context.Context) {
 	})
 }
 
-// runOnce handles every pending run event.
+// orchestratorApplyBatch is how many decisions one transaction applies
+// (store.ApplyRuns).
+const orchestratorApplyBatch = 64
+
+// runOnce handles every pending run event: the runs are read and decided
+// in parallel (cfg.Parallel at once), and their decisions applied
+// several to a transaction (orchestratorApplyBatch), so a burst of runs
+// (a cron tick, a fan-out of child runs, many windows ending together)
+// costs a few transactions, not one each. A decision refused as stale
+// is taken again alone (handle).
 func (o *orchestrator) runOnce(ctx context.Context) error {
 	for {
 		evs, err := o.deps.st.RunEvents(ctx, orchestratorBatch)
@@ -92,12 +101,7 @@ func (o *orchestrator) runOnce(ctx context.Context) error {
 			}
 			byRun[e.RunID] = append(byRun[e.RunID], e.ID)
 		}
-		// Runs are decided in parallel where writes run in parallel:
-		// each decision is a read, a render and a transaction of its
-		// own, and on PostgreSQL one at a time left the workers idle
-		// behind them (bench (f)); on SQLite's one writer, parallel
-		// decisions only queue ahead of completions (refill p50 28 →
-		// 75–100 ms, no throughput gained).
+		decided := make([]*store.RunApply, len(order))
 		errs := make([]error, len(order))
 		sem := make(chan struct{}, max(1, o.cfg.Parallel))
 		var wg sync.WaitGroup
@@ -106,12 +110,25 @@ func (o *orchestrator) runOnce(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				if err := o.handle(ctx, id, byRun[id]); err != nil {
-					errs[i] = fmt.Errorf("run %d: %w", id, err)
-				}
+				decided[i], errs[i] = o.decide(ctx, id, byRun[id])
 			}()
 		}
 		wg.Wait()
+		var batch []store.RunApply
+		for i, a := range decided {
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("run %d: %w", order[i], errs[i])
+			} else if a != nil {
+				batch = append(batch, *a)
+			}
+		}
+		for len(batch) > 0 {
+			n := min(len(batch), orchestratorApplyBatch)
+			if err := o.apply(ctx, batch[:n]); err != nil {
+				errs = append(errs, err)
+			}
+			batch = batch[n:]
+		}
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
@@ -121,47 +138,83 @@ func (o *orchestrator) runOnce(ctx context.Context) error {
 	}
 }
 
-// handle decides what run id does next and applies it with its events.
+// apply applies decisions in one transaction; one found stale is taken
+// again alone, one whose run is gone drops its events.
+func (o *orchestrator) apply(ctx context.Context, as []store.RunApply) error {
+	changed, out, err := o.deps.st.ApplyRuns(ctx, as)
+	if err != nil {
+		return err
+	}
+	applied := as[:0:0]
+	var errs []error
+	for i, a := range as {
+		switch {
+		case changed[i] == nil:
+			applied = append(applied, a)
+		case errors.Is(changed[i], sluice.ErrNotFound):
+			errs = append(errs, o.deps.st.DropRunEvents(ctx, a.Events))
+		default:
+			if err := o.handle(ctx, a.RunID, a.Events); err != nil {
+				errs = append(errs, fmt.Errorf("run %d: %w", a.RunID, err))
+			}
+		}
+	}
+	o.after(ctx, out, applied)
+	return errors.Join(errs...)
+}
+
+// decide reads run id and decides what it does next (nil: nothing to
+// decide, its events dropped).
+func (o *orchestrator) decide(ctx context.Context, id int64, events []int64) (*store.RunApply, error) {
+	run, err := o.deps.st.GetRun(ctx, id)
+	if errors.Is(err, sluice.ErrNotFound) {
+		return nil, o.deps.st.DropRunEvents(ctx, events)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if run.State != sluice.RunRunning && run.State != sluice.RunPaused {
+		// Ended, or queued: nothing to decide. (A paused run is decided
+		// as any: the store creates what follows paused.)
+		return nil, o.deps.st.DropRunEvents(ctx, events)
+	}
+	a := &store.RunApply{RunID: id, Seq: run.Seq, Events: events}
+	w, err := o.defs.get(ctx, run.Workflow, run.Version)
+	if err != nil {
+		// A stored version always compiles; if it cannot be read the run
+		// cannot go on.
+		a.End = &store.RunEnd{State: sluice.RunFailed, Error: "definition: " + err.Error()}
+		return a, nil
+	}
+	defaults := o.cfg.Defaults
+	children := o.children(ctx, run)
+	defaults.Child = children.resolve
+	d := orchestrate.Decide(w, run, defaults)
+	if children.err != nil {
+		// The store could not be read: decide again later rather than
+		// fail the step.
+		return nil, children.err
+	}
+	a.Steps, a.End = d.Steps, d.End
+	return a, nil
+}
+
+// handle decides what run id does next and applies it alone, reading it
+// again while its decision is found stale.
 func (o *orchestrator) handle(ctx context.Context, id int64, events []int64) error {
 	for range 10 {
-		run, err := o.deps.st.GetRun(ctx, id)
-		if errors.Is(err, sluice.ErrNotFound) {
-			return o.deps.st.DropRunEvents(ctx, events)
-		}
-		if err != nil {
+		a, err := o.decide(ctx, id, events)
+		if err != nil || a == nil {
 			return err
 		}
-		if run.State != sluice.RunRunning && run.State != sluice.RunPaused {
-			// Ended, or queued: nothing to decide. (A paused run is
-			// decided as any: the store creates what follows paused.)
-			return o.deps.st.DropRunEvents(ctx, events)
-		}
-		a := store.RunApply{RunID: id, Seq: run.Seq, Events: events}
-		w, err := o.defs.get(ctx, run.Workflow, run.Version)
-		if err != nil {
-			// A stored version always compiles; if it cannot be read
-			// the run cannot go on.
-			a.End = &store.RunEnd{State: sluice.RunFailed, Error: "definition: " + err.Error()}
-		} else {
-			defaults := o.cfg.Defaults
-			children := o.children(ctx, run)
-			defaults.Child = children.resolve
-			d := orchestrate.Decide(w, run, defaults)
-			if children.err != nil {
-				// The store could not be read: decide again later rather
-				// than fail the step.
-				return children.err
-			}
-			a.Steps, a.End = d.Steps, d.End
-		}
-		out, err := o.deps.st.ApplyRun(ctx, a)
+		out, err := o.deps.st.ApplyRun(ctx, *a)
 		if errors.Is(err, store.ErrRunChanged) {
 			continue // decided on a stale reading: read again
 		}
 		if err != nil {
 			return err
 		}
-		o.after(ctx, out, &a)
+		o.after(ctx, out, []store.RunApply{*a})
 		return nil
 	}
 	return fmt.Errorf("run %d kept changing while deciding", id)

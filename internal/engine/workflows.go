@@ -400,19 +400,11 @@ func (e *Engine) explainStep(ctx context.Context, rec *store.RunRecord, st *stor
 
 // ListRuns pages through runs, newest first.
 func (e *Engine) ListRuns(ctx context.Context, f sluice.RunFilter) (*sluice.RunPage, error) {
-	if f.Workflow != "" {
-		if err := validate.Name("workflow", f.Workflow); err != nil {
-			return nil, err
-		}
-	}
-	if f.State != "" && !f.State.Valid() {
-		return nil, sluice.Invalid("state", "want one of %v, got %q", sluice.AllRunStates, f.State)
+	if err := validate.RunFilter(&f); err != nil {
+		return nil, err
 	}
 	if f.Limit == 0 {
-		f.Limit = 100
-	}
-	if f.Limit < 0 || f.Limit > 1000 {
-		return nil, sluice.Invalid("limit", "must be between 1 and 1000")
+		f.Limit = defaultListLimit
 	}
 	runs, next, err := pageOf(f.After, f.Limit, func(after int64) ([]sluice.Run, error) { return e.st.ListRuns(ctx, f, after) },
 		func(r sluice.Run) int64 { return r.ID })
@@ -445,14 +437,16 @@ func (e *Engine) CancelRun(ctx context.Context, id int64) (*sluice.Run, error) {
 
 // afterRun handles the outcome of an orchestrator's decision: a run that
 // ended without succeeding has its running tasks told to stop.
-func (e *Engine) afterRun(ctx context.Context, o store.Outcome, a *store.RunApply) {
+func (e *Engine) afterRun(ctx context.Context, o store.Outcome, applied []store.RunApply) {
 	e.after(o)
-	if a.End != nil {
-		e.waits.ended(waitKey{run: a.RunID}) // a child run?
-	}
-	if a.End != nil && a.End.State != sluice.RunSucceeded {
-		e.queueRunCancels(ctx, a.RunID)
-		e.cancelRunChildren(ctx, a.RunID)
+	for _, a := range applied {
+		if a.End != nil {
+			e.waits.ended(waitKey{run: a.RunID}) // a child run?
+		}
+		if a.End != nil && a.End.State != sluice.RunSucceeded {
+			e.queueRunCancels(ctx, a.RunID)
+			e.cancelRunChildren(ctx, a.RunID)
+		}
 	}
 }
 

@@ -2,6 +2,13 @@
 // Routes, bearer-token auth (S-SEC1) and strict request decoding (S-SEC2),
 // in front of any sluice.Backend. openapi.yaml at the repository root
 // documents it, and a test keeps the two in sync.
+//
+// The layer decodes and maps errors; it does not validate. A request
+// whose body, path or query decodes (JSON syntax, a value of the field's
+// type, Unicode text, an id that is a positive integer) goes to the
+// backend, which checks every value by the API's rules (the engine is
+// the one validator: internal/engine/validation.go) and refuses bad input
+// with a bad_request *sluice.Error naming the field, answered 400.
 package httpapi
 
 import (

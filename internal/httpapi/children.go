@@ -13,14 +13,11 @@ import (
 // in any language, needs only these two calls (and the usual claim and
 // complete) to run trees of tasks without holding slots while it waits.
 
-// parentOf reads the worker id and the parent task id of a child route.
+// parentOf reads the worker id (the backend checks it) and the parent
+// task id of a child route.
 func parentOf(r *http.Request) (string, int64, error) {
-	wid := r.PathValue("wid")
-	if err := validate.Name("wid", wid); err != nil {
-		return "", 0, err
-	}
 	id, err := taskID(r)
-	return wid, id, err
+	return r.PathValue("wid"), id, err
 }
 
 // triggerChild answers POST /v1/workers/{wid}/tasks/{id}/children: 201
@@ -33,9 +30,6 @@ func (a *api) triggerChild(w http.ResponseWriter, r *http.Request) error {
 	}
 	var p sluice.ChildParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
-		return err
-	}
-	if err := validate.Child(&p); err != nil {
 		return err
 	}
 	res, created, err := a.b.TriggerChild(r.Context(), wid, parent, p)
@@ -68,10 +62,8 @@ func (a *api) waitChild(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.WaitChild(&p); err != nil {
-		return err
-	}
-	// The long-poll must end before the server's WriteTimeout.
+	// The long-poll must end before the server's WriteTimeout, whatever
+	// the backend's own bound (as for a claim).
 	p.Wait = min(p.Wait, sluice.Duration(validate.MaxChildWait))
 	// r.Context() ends when the client disconnects, which ends the wait.
 	res, err := a.b.WaitChild(r.Context(), wid, parent, p)

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,32 +19,41 @@ import (
 
 // The fuzzers feed arbitrary bytes through the real handler, with the fake
 // backend answering success, and check that the API never panics, never
-// answers 5xx, answers 4xx with the error envelope and without calling the
-// backend, hands the backend only input that passes validation and whose
-// text is Unicode (so that what is stored is echoed as JSON any strict
-// reader accepts, and no two keys were made one by U+FFFD), and answers
-// only such JSON. Seed corpora are in testdata/fuzz/<FuzzName>/.
+// answers 5xx, answers 4xx (a request that does not decode) with the
+// error envelope and without calling the backend, and answers only JSON
+// whose text is Unicode. The HTTP layer does not validate: what decodes
+// goes to the backend. So each fuzzer also runs the rules the engine
+// applies (internal/validate) on what the backend got, and checks that
+// they answer it without panicking, refusing it with a bad_request error
+// whose message starts with the field it names, or accepting only text
+// that is Unicode (so that what is stored is echoed as JSON any strict
+// reader accepts, and no two keys were made one by U+FFFD). The engine's
+// own answers are TestBadInput's. Seed corpora are in
+// testdata/fuzz/<FuzzName>/.
 
 // fuzzLimit keeps the body limit small so that the fuzzer also explores 413.
 const fuzzLimit = 4 << 10
 
-func fuzzBody(t *testing.T, method, path string, body []byte, revalidate func(arg any) error) {
+func fuzzBody(t *testing.T, method, path string, body []byte, rules func(t *testing.T, arg any) any) {
 	f := &fakeBackend{}
 	h := httpapi.New(f, httpapi.Options{MaxBodyBytes: fuzzLimit})
 	r := httptest.NewRequest(method, path, bytes.NewReader(body))
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
-	checkFuzzAnswer(t, w, f, revalidate)
 	// Decoding replaces text that is not Unicode with U+FFFD, which would
 	// make two keys one: a request is accepted only without such text,
 	// except a worker's results (validate.NormalizeResults).
-	if w.Code < 300 && !strings.HasSuffix(path, "/complete") &&
+	if checkFuzzAnswer(t, w, f, rules) && !strings.HasSuffix(path, "/complete") &&
 		!jsontext.Value(body).IsValid(jsontext.AllowDuplicateNames(true)) {
-		t.Fatalf("status %d for a body whose text is not Unicode: %q", w.Code, body)
+		t.Fatalf("accepted a body whose text is not Unicode: %q", body)
 	}
 }
 
-func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend, revalidate func(arg any) error) {
+// checkFuzzAnswer checks the answer w of a handler in front of f. When f
+// was called, rules runs the engine's rules on what it got and returns
+// what the engine goes on with, or nil when they refuse it; accepted
+// reports that they did not.
+func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend, rules func(t *testing.T, arg any) any) (accepted bool) {
 	t.Helper()
 	calls := f.Calls()
 	if w.Body.Len() > 0 && !jsontext.Value(w.Body.Bytes()).IsValid(jsontext.AllowDuplicateNames(true)) {
@@ -54,14 +64,16 @@ func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend,
 		if len(calls) != 1 {
 			t.Fatalf("status %d but %d backend calls", w.Code, len(calls))
 		}
-		if err := revalidate(calls[0].Arg); err != nil {
-			t.Fatalf("the backend got input that fails validation: %v", err)
+		v := rules(t, calls[0].Arg)
+		if v == nil {
+			return false
 		}
 		// JSON v2 refuses to write a string, or a raw value (input,
 		// output), that is not Unicode.
-		if _, err := jsonv2.Marshal(calls[0].Arg); err != nil {
-			t.Fatalf("the backend got text that is not Unicode: %v", err)
+		if _, err := jsonv2.Marshal(v); err != nil {
+			t.Fatalf("the rules accepted text that is not Unicode: %v", err)
 		}
+		return true
 	case w.Code >= 400 && w.Code < 500:
 		if len(calls) != 0 {
 			t.Fatalf("status %d after backend calls %v", w.Code, calls)
@@ -82,6 +94,25 @@ func checkFuzzAnswer(t *testing.T, w *httptest.ResponseRecorder, f *fakeBackend,
 	default:
 		t.Fatalf("status %d: %s", w.Code, w.Body)
 	}
+	return false
+}
+
+// ruled checks err, the answer of the engine's rules to v, what the
+// backend got: nil, or a bad_request error naming the field at the start
+// of its message. It returns v when the rules accept it, else nil.
+func ruled(t *testing.T, err error, v any) any {
+	t.Helper()
+	if err == nil {
+		return v
+	}
+	var se *sluice.Error
+	if !errors.As(err, &se) || se.Code != sluice.CodeBadRequest {
+		t.Fatalf("a rule answered %T %v, not a bad_request *sluice.Error", err, err)
+	}
+	if se.Field == "" || !strings.HasPrefix(se.Message, se.Field+": ") {
+		t.Fatalf("a rule's message %q does not start with its field %q", se.Message, se.Field)
+	}
+	return nil
 }
 
 func addSeeds(f *testing.F, seeds ...string) {
@@ -110,9 +141,9 @@ func FuzzDecodeTrigger(f *testing.F) {
 		"{\"kind\":\"a\",\"idempotency_key\":\"\xed\xa0\x80\"}", "{\"kind\":\"a\",\"queue\":\"q\xc3\"}",
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/tasks", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/tasks", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.TriggerParams)
-			return validate.Trigger(&p)
+			return ruled(t, validate.Trigger(&p), p)
 		})
 	})
 }
@@ -125,9 +156,9 @@ func FuzzDecodeQueueParams(f *testing.F) {
 		`{"strategy":"cancel_newest"}`, `{"strategy":null}`, `{"strategy":""}`, `{"rate_limit":{"limit":100,"period":"1m","per_key":true}}`,
 		`{"rate_limit":null}`, `{"rate_limit":{"limit":1,"period":"999ms"}}`, `{"rate_limit":{"limit":"1","period":"1s"}}`, `{"rate_limit":[]}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "PUT", "/v1/queues/email", body, func(arg any) error {
+		fuzzBody(t, "PUT", "/v1/queues/email", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.QueueParams)
-			return validate.QueueParams(&p)
+			return ruled(t, validate.QueueParams(&p), p)
 		})
 	})
 }
@@ -137,12 +168,12 @@ func FuzzDecodeClaim(f *testing.F) {
 	addSeeds(f, `{"max":10,"wait":"30s"}`, `{"max":1}`, `{"max":0}`, `{"max":10001}`, `{"max":1,"wait":"2562047h"}`,
 		`{"max":1,"wait":5}`, `{"max":1,"wait":"-1ns"}`, `{"max":"1"}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers/w1/claim", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers/w1/claim", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.ClaimParams)
 			if p.Wait.D() > validate.MaxClaimWait {
-				return sluice.Invalid("wait", "not capped: %s", p.Wait)
+				t.Fatalf("wait not capped: %s", p.Wait)
 			}
-			return validate.Claim(&p)
+			return ruled(t, validate.Claim(&p), p)
 		})
 	})
 }
@@ -163,9 +194,14 @@ func FuzzDecodeComplete(f *testing.F) {
 		"{\"results\":[{\"task_id\":1,\"attempt\":1,\"error\":\"boom \xfe \\ud800 \\u0000\"}]}",
 		"{\"results\":[{\"task_id\":1,\"attempt\":1,\"output\":{\"\xc3\":1},\"next\":2},{\"task_id\":2,\"attempt\":1}]}")
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers/w1/complete", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers/w1/complete", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.CompleteParams)
-			return validate.Complete(&p)
+			if ruled(t, validate.Complete(&p), p) == nil {
+				return nil
+			}
+			// The engine records the results with their text repaired.
+			p.Results = validate.NormalizeResults(p.Results)
+			return p
 		})
 	})
 }
@@ -175,9 +211,9 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 	addSeeds(f, `{"free_slots":3,"held":[1,2]}`, `{"free_slots":-1}`, `{"held":[0]}`, `{"held":[1,"2"]}`,
 		`{"held":[9223372036854775808]}`, `{"held":null}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers/w1/heartbeat", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers/w1/heartbeat", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.HeartbeatParams)
-			return validate.Heartbeat(&p)
+			return ruled(t, validate.Heartbeat(&p), p)
 		})
 	})
 }
@@ -188,9 +224,9 @@ func FuzzDecodeRegister(f *testing.F) {
 		`{"kinds":[],"slots":1}`, `{"kinds":"a","slots":1}`, `{"kinds":["a"],"slots":1,"handover":true}`, `{"kinds":["a b"],"slots":1}`, "{\"name\":\"\\u0007\",\"kinds\":[\"a\"],\"slots\":1}",
 		"{\"name\":\"h\xff\",\"kinds\":[\"a\"],\"slots\":1}", `{"name":"\ud800","kinds":["a"],"slots":1}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.RegisterWorkerParams)
-			return validate.Register(&p)
+			return ruled(t, validate.Register(&p), p)
 		})
 	})
 }
@@ -199,9 +235,9 @@ func FuzzDecodeRelease(f *testing.F) {
 	addSeeds(f, commonSeeds...)
 	addSeeds(f, `{"task_ids":[1,2]}`, `{"task_ids":[]}`, `{"task_ids":[-1]}`, `{"task_ids":"1"}`)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers/w1/release", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers/w1/release", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.ReleaseParams)
-			return validate.Release(&p)
+			return ruled(t, validate.Release(&p), p)
 		})
 	})
 }
@@ -222,9 +258,9 @@ func FuzzListTasksQuery(f *testing.F) {
 		r.URL.RawQuery = query
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		checkFuzzAnswer(t, w, fb, func(arg any) error {
+		checkFuzzAnswer(t, w, fb, func(t *testing.T, arg any) any {
 			fl := arg.(sluice.TaskFilter)
-			return validate.TaskFilter(&fl)
+			return ruled(t, validate.TaskFilter(&fl), fl)
 		})
 	})
 }
@@ -239,15 +275,15 @@ func FuzzDecodeTriggerBatch(f *testing.F) {
 		"{\"tasks\":[{\"kind\":\"a\"},{\"kind\":\"a\",\"input\":\"\xff\"}]}", `{"tasks":[{"kind":"a","concurrency_key":"\ud800"}]}`,
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/tasks/batch", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/tasks/batch", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.TriggerBatchParams)
-			return validate.TriggerBatch(&p)
+			return ruled(t, validate.TriggerBatch(&p), p)
 		})
 	})
 }
 
-// validStartRun is what the engine's StartRun accepts: what POST /v1/runs
-// may hand the backend.
+// validStartRun is what the engine's StartRun accepts (its rules are
+// written at the top of the method, internal/engine/workflows.go).
 func validStartRun(p sluice.StartRunParams) error {
 	if err := validate.Name("workflow", p.Workflow); err != nil {
 		return err
@@ -280,8 +316,8 @@ func FuzzDecodeStartRun(f *testing.F) {
 		"{\"workflow\":\"a\",\"idempotency_key\":\"\xed\xa0\x80\"}", `{"workflow":"a","idempotency_key":"\udc00"}`, "{\"workflow\":\"a\xff\"}",
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/runs", body, func(arg any) error {
-			return validStartRun(arg.(sluice.StartRunParams))
+		fuzzBody(t, "POST", "/v1/runs", body, func(t *testing.T, arg any) any {
+			return ruled(t, validStartRun(arg.(sluice.StartRunParams)), arg)
 		})
 	})
 }
@@ -302,18 +338,9 @@ func FuzzRunFilterQuery(f *testing.F) {
 		r.URL.RawQuery = query
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
-		checkFuzzAnswer(t, w, fb, func(arg any) error {
+		checkFuzzAnswer(t, w, fb, func(t *testing.T, arg any) any {
 			fl := arg.(sluice.RunFilter)
-			if fl.Workflow != "" {
-				if err := validate.Name("workflow", fl.Workflow); err != nil {
-					return err
-				}
-			}
-			if fl.State != "" && !fl.State.Valid() {
-				return sluice.Invalid("state", "unknown run state %q", fl.State)
-			}
-			// The limit and the cursor follow GET /v1/tasks's rules.
-			return validate.TaskFilter(&sluice.TaskFilter{Limit: fl.Limit, After: fl.After})
+			return ruled(t, validate.RunFilter(&fl), fl)
 		})
 	})
 }
@@ -329,9 +356,9 @@ func FuzzDecodeChild(f *testing.F) {
 		`{"kind":"a","kind":"a"}`, "{\"workflow\":\"w\",\"input\":\"\xff\"}",
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers/w1/tasks/5/children", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers/w1/tasks/5/children", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.ChildParams)
-			return validate.Child(&p)
+			return ruled(t, validate.Child(&p), p)
 		})
 	})
 }
@@ -343,9 +370,12 @@ func FuzzDecodeWaitChild(f *testing.F) {
 		`{"task_id":7,"wait":"-1s"}`, `{"task_id":7,"wait":5}`, `{"task_id":"7"}`, `{"task_id":7,"wait":"9999999h"}`,
 	)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fuzzBody(t, "POST", "/v1/workers/w1/tasks/5/wait", body, func(arg any) error {
+		fuzzBody(t, "POST", "/v1/workers/w1/tasks/5/wait", body, func(t *testing.T, arg any) any {
 			p := arg.(sluice.WaitChildParams)
-			return validate.WaitChild(&p)
+			if p.Wait.D() > validate.MaxChildWait {
+				t.Fatalf("wait not capped: %s", p.Wait)
+			}
+			return ruled(t, validate.WaitChild(&p), p)
 		})
 	})
 }

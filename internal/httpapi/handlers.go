@@ -1,10 +1,7 @@
 package httpapi
 
 import (
-	"maps"
 	"net/http"
-	"net/url"
-	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -48,11 +45,6 @@ func (a *api) metrics(w http.ResponseWriter, r *http.Request) error {
 
 // Queues.
 
-func queueName(r *http.Request) (string, error) {
-	name := r.PathValue("name")
-	return name, validate.QueueName(name)
-}
-
 func (a *api) listQueues(w http.ResponseWriter, r *http.Request) error {
 	qs, err := a.b.ListQueues(r.Context())
 	if err != nil {
@@ -66,35 +58,23 @@ func (a *api) listQueues(w http.ResponseWriter, r *http.Request) error {
 	}{qs})
 }
 
+// A queue's {name} goes to the backend as it came: the backend checks it
+// (as every input: see the package documentation).
+
 func (a *api) getQueue(w http.ResponseWriter, r *http.Request) error {
-	name, err := queueName(r)
-	if err != nil {
-		return err
-	}
-	return respond(w, http.StatusOK)(a.b.GetQueue(r.Context(), name))
+	return respond(w, http.StatusOK)(a.b.GetQueue(r.Context(), r.PathValue("name")))
 }
 
 func (a *api) putQueue(w http.ResponseWriter, r *http.Request) error {
-	name, err := queueName(r)
-	if err != nil {
-		return err
-	}
 	var p sluice.QueueParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.QueueParams(&p); err != nil {
-		return err
-	}
-	return respond(w, http.StatusOK)(a.b.PutQueue(r.Context(), name, p))
+	return respond(w, http.StatusOK)(a.b.PutQueue(r.Context(), r.PathValue("name"), p))
 }
 
 func (a *api) deleteQueue(w http.ResponseWriter, r *http.Request) error {
-	name, err := queueName(r)
-	if err != nil {
-		return err
-	}
-	if err := a.b.DeleteQueue(r.Context(), name); err != nil {
+	if err := a.b.DeleteQueue(r.Context(), r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -102,38 +82,31 @@ func (a *api) deleteQueue(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *api) pauseQueue(w http.ResponseWriter, r *http.Request) error {
-	name, err := queueName(r)
-	if err != nil {
-		return err
-	}
-	return respond(w, http.StatusOK)(a.b.PauseQueue(r.Context(), name))
+	return respond(w, http.StatusOK)(a.b.PauseQueue(r.Context(), r.PathValue("name")))
 }
 
 func (a *api) resumeQueue(w http.ResponseWriter, r *http.Request) error {
-	name, err := queueName(r)
-	if err != nil {
-		return err
-	}
-	return respond(w, http.StatusOK)(a.b.ResumeQueue(r.Context(), name))
+	return respond(w, http.StatusOK)(a.b.ResumeQueue(r.Context(), r.PathValue("name")))
 }
 
 // Tasks.
 
-func taskID(r *http.Request) (int64, error) {
+// pathID decodes the {id} of a route: a positive integer (ids start at
+// 1), the id of what (a task, a run, a schedule).
+func pathID(r *http.Request, what string) (int64, error) {
 	s := r.PathValue("id")
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, sluice.Invalid("id", "want a positive integer task id, got %q", clip(s))
+		return 0, sluice.Invalid("id", "want a positive integer %s id, got %q", what, clip(s))
 	}
 	return id, nil
 }
 
+func taskID(r *http.Request) (int64, error) { return pathID(r, "task") }
+
 func (a *api) trigger(w http.ResponseWriter, r *http.Request) error {
 	var p sluice.TriggerParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
-		return err
-	}
-	if err := validate.Trigger(&p); err != nil {
 		return err
 	}
 	t, created, err := a.b.Trigger(r.Context(), p)
@@ -153,9 +126,6 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) error {
 func (a *api) triggerBatch(w http.ResponseWriter, r *http.Request) error {
 	var p sluice.TriggerBatchParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
-		return err
-	}
-	if err := validate.TriggerBatch(&p); err != nil {
 		return err
 	}
 	res, err := a.b.TriggerBatch(r.Context(), p)
@@ -213,57 +183,37 @@ func (a *api) listTasks(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, page)
 }
 
-// parseTaskFilter reads the query of GET /v1/tasks. Unknown and repeated
-// parameters are errors, so that a typo ("stat=failed") does not silently
-// list everything.
+// parseTaskFilter decodes the query of GET /v1/tasks (listQuery); an
+// empty value filters nothing.
 func parseTaskFilter(rawQuery string) (sluice.TaskFilter, error) {
 	var f sluice.TaskFilter
-	q, err := url.ParseQuery(rawQuery)
-	if err != nil {
-		return f, &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed query string: " + err.Error()}
-	}
-	// Sorted, so that the first error reported does not vary.
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		v := q[k]
-		if len(v) > 1 {
-			return f, sluice.Invalid(clip(k), "given %d times; give it once", len(v))
-		}
+	var err error
+	f.Limit, f.After, err = listQuery(rawQuery, "state, queue, kind, concurrency_key, run_id, limit or after", func(k, v string) (bool, error) {
 		switch k {
 		case "state":
-			f.State = sluice.TaskState(v[0])
+			f.State = sluice.TaskState(v)
 		case "queue":
-			f.Queue = v[0]
+			f.Queue = v
 		case "kind":
-			f.Kind = v[0]
+			f.Kind = v
 		case "concurrency_key":
-			f.ConcurrencyKey = v[0]
+			f.ConcurrencyKey = v
 		case "run_id":
-			n, err := strconv.ParseInt(v[0], 10, 64)
+			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 1 {
-				return f, sluice.Invalid("run_id", "want a positive integer run id, got %q", clip(v[0]))
+				return true, sluice.Invalid("run_id", "want a positive integer run id, got %q", clip(v))
 			}
 			f.RunID = n
-		case "after":
-			f.After = v[0]
-		case "limit":
-			n, err := strconv.Atoi(v[0])
-			if err != nil || n < 1 || n > validate.MaxListLimit {
-				return f, sluice.Invalid("limit", "want an integer from 1 to %d, got %q", validate.MaxListLimit, clip(v[0]))
-			}
-			f.Limit = n
 		default:
-			return f, sluice.Invalid(clip(k), "unknown query parameter: use state, queue, kind, concurrency_key, run_id, limit or after")
+			return false, nil
 		}
-	}
-	return f, validate.TaskFilter(&f)
+		return true, nil
+	})
+	return f, err
 }
 
-// Workers.
-
-func workerID(r *http.Request) (string, error) {
-	id := r.PathValue("id")
-	return id, validate.WorkerID(id)
-}
+// Workers. A worker's {id} goes to the backend as it came, which checks
+// it.
 
 func (a *api) listWorkers(w http.ResponseWriter, r *http.Request) error {
 	ws, err := a.b.ListWorkers(r.Context())
@@ -290,18 +240,11 @@ func (a *api) register(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.Register(&p); err != nil {
-		return err
-	}
 	return respond(w, http.StatusCreated)(a.b.RegisterWorker(r.Context(), p))
 }
 
 func (a *api) deregister(w http.ResponseWriter, r *http.Request) error {
-	id, err := workerID(r)
-	if err != nil {
-		return err
-	}
-	if err := a.b.DeregisterWorker(r.Context(), id); err != nil {
+	if err := a.b.DeregisterWorker(r.Context(), r.PathValue("id")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -309,21 +252,16 @@ func (a *api) deregister(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *api) claim(w http.ResponseWriter, r *http.Request) error {
-	id, err := workerID(r)
-	if err != nil {
-		return err
-	}
 	var p sluice.ClaimParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.Claim(&p); err != nil {
-		return err
-	}
-	// The long-poll must end before the server's WriteTimeout.
+	// The long-poll must end before the server's WriteTimeout, whatever
+	// the backend's own bound: not a check (nothing is refused), a bound
+	// of this transport.
 	p.Wait = min(p.Wait, sluice.Duration(validate.MaxClaimWait))
 	// r.Context() ends when the client disconnects, which ends the wait.
-	res, err := a.b.Claim(r.Context(), id, p)
+	res, err := a.b.Claim(r.Context(), r.PathValue("id"), p)
 	if err != nil {
 		return err
 	}
@@ -337,19 +275,11 @@ func (a *api) claim(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *api) complete(w http.ResponseWriter, r *http.Request) error {
-	id, err := workerID(r)
-	if err != nil {
-		return err
-	}
 	var p sluice.CompleteParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.Complete(&p); err != nil {
-		return err
-	}
-	p.Results = validate.NormalizeResults(p.Results)
-	res, err := a.b.Complete(r.Context(), id, p)
+	res, err := a.b.Complete(r.Context(), r.PathValue("id"), p)
 	if err != nil {
 		return err
 	}
@@ -363,18 +293,11 @@ func (a *api) complete(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *api) heartbeat(w http.ResponseWriter, r *http.Request) error {
-	id, err := workerID(r)
-	if err != nil {
-		return err
-	}
 	var p sluice.HeartbeatParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.Heartbeat(&p); err != nil {
-		return err
-	}
-	res, err := a.b.Heartbeat(r.Context(), id, p)
+	res, err := a.b.Heartbeat(r.Context(), r.PathValue("id"), p)
 	if err != nil {
 		return err
 	}
@@ -391,18 +314,11 @@ func (a *api) heartbeat(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *api) release(w http.ResponseWriter, r *http.Request) error {
-	id, err := workerID(r)
-	if err != nil {
-		return err
-	}
 	var p sluice.ReleaseParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
 		return err
 	}
-	if err := validate.Release(&p); err != nil {
-		return err
-	}
-	if err := a.b.Release(r.Context(), id, p); err != nil {
+	if err := a.b.Release(r.Context(), r.PathValue("id"), p); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -1,14 +1,11 @@
 package httpapi
 
 import (
-	"maps"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 
 	"github.com/sluice-dev/sluice"
-	"github.com/sluice-dev/sluice/internal/validate"
 )
 
 // Workflows and runs.
@@ -45,61 +42,34 @@ func (a *api) listWorkflows(w http.ResponseWriter, r *http.Request) error {
 }
 
 // getWorkflow answers GET /v1/workflows/{name}[?version=N].
+// The version, given, is a positive integer: its zero value means "the
+// latest", which a query says by leaving it out.
 func (a *api) getWorkflow(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if err := validate.Name("name", name); err != nil {
-		return err
-	}
 	version := 0
-	q, err := url.ParseQuery(r.URL.RawQuery)
-	if err != nil {
-		return &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed query string: " + err.Error()}
-	}
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		v := q[k]
+	err := readQuery(r.URL.RawQuery, "version", func(k, v string) (bool, error) {
 		if k != "version" {
-			return sluice.Invalid(clip(k), "unknown query parameter: use version")
+			return false, nil
 		}
-		if len(v) > 1 {
-			return sluice.Invalid("version", "given %d times; give it once", len(v))
-		}
-		n, err := strconv.Atoi(v[0])
+		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return sluice.Invalid("version", "want a positive integer, got %q", clip(v[0]))
+			return true, sluice.Invalid("version", "want a positive integer, got %q", clip(v))
 		}
 		version = n
+		return true, nil
+	})
+	if err != nil {
+		return err
 	}
-	return respond(w, http.StatusOK)(a.b.GetWorkflow(r.Context(), name, version))
+	return respond(w, http.StatusOK)(a.b.GetWorkflow(r.Context(), r.PathValue("name"), version))
 }
 
-func runID(r *http.Request) (int64, error) {
-	s := r.PathValue("id")
-	id, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || id < 1 {
-		return 0, sluice.Invalid("id", "want a positive integer run id, got %q", clip(s))
-	}
-	return id, nil
-}
+func runID(r *http.Request) (int64, error) { return pathID(r, "run") }
 
 // startRun answers POST /v1/runs: 201 with the run, 200 with the existing
 // one for a known idempotency key.
 func (a *api) startRun(w http.ResponseWriter, r *http.Request) error {
 	var p sluice.StartRunParams
 	if err := decodeBody(w, r, a.o.MaxBodyBytes, &p); err != nil {
-		return err
-	}
-	if err := validate.Name("workflow", p.Workflow); err != nil {
-		return err
-	}
-	if p.Version < 0 {
-		return sluice.Invalid("version", "must be ≥ 1, or 0 for the latest")
-	}
-	if len(p.Input) > 0 {
-		if err := validate.JSONText("input", p.Input); err != nil {
-			return err
-		}
-	}
-	if err := validate.IdempotencyKey(p.IdempotencyKey); err != nil {
 		return err
 	}
 	run, created, err := a.b.StartRun(r.Context(), p)
@@ -148,47 +118,30 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, page)
 }
 
-// parseRunFilter reads the query of GET /v1/runs; unknown and repeated
-// parameters are errors.
+// parseRunFilter decodes the query of GET /v1/runs (listQuery). Unlike
+// GET /v1/tasks's, a filter given empty is refused rather than read as
+// "every workflow" or "every state".
 func parseRunFilter(rawQuery string) (sluice.RunFilter, error) {
 	var f sluice.RunFilter
-	q, err := url.ParseQuery(rawQuery)
-	if err != nil {
-		return f, &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed query string: " + err.Error()}
-	}
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		v := q[k]
-		if len(v) > 1 {
-			return f, sluice.Invalid(clip(k), "given %d times; give it once", len(v))
-		}
+	var err error
+	f.Limit, f.After, err = listQuery(rawQuery, "workflow, state, limit or after", func(k, v string) (bool, error) {
 		switch k {
 		case "workflow":
-			if err := validate.Name("workflow", v[0]); err != nil {
-				return f, err
+			if v == "" {
+				return true, sluice.Invalid("workflow", "required")
 			}
-			f.Workflow = v[0]
+			f.Workflow = v
 		case "state":
-			f.State = sluice.RunState(v[0])
-			if !f.State.Valid() {
-				return f, sluice.Invalid("state", "want one of %v, got %q", sluice.AllRunStates, clip(v[0]))
+			if v == "" {
+				return true, sluice.Invalid("state", "want one of %v, got %q", sluice.AllRunStates, v)
 			}
-		case "after":
-			// The cursor rules of GET /v1/tasks.
-			if err := validate.TaskFilter(&sluice.TaskFilter{After: v[0]}); err != nil {
-				return f, err
-			}
-			f.After = v[0]
-		case "limit":
-			n, err := strconv.Atoi(v[0])
-			if err != nil || n < 1 || n > validate.MaxListLimit {
-				return f, sluice.Invalid("limit", "want an integer from 1 to %d, got %q", validate.MaxListLimit, clip(v[0]))
-			}
-			f.Limit = n
+			f.State = sluice.RunState(v)
 		default:
-			return f, sluice.Invalid(clip(k), "unknown query parameter: use workflow, state, limit or after")
+			return false, nil
 		}
-	}
-	return f, nil
+		return true, nil
+	})
+	return f, err
 }
 
 // Schedules.
@@ -204,14 +157,7 @@ func (a *api) listSchedules(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, map[string]any{"schedules": list})
 }
 
-func scheduleID(r *http.Request) (int64, error) {
-	s := r.PathValue("id")
-	id, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || id < 1 {
-		return 0, sluice.Invalid("id", "want a positive integer schedule id, got %q", clip(s))
-	}
-	return id, nil
-}
+func scheduleID(r *http.Request) (int64, error) { return pathID(r, "schedule") }
 
 func (a *api) pauseSchedule(w http.ResponseWriter, r *http.Request) error {
 	id, err := scheduleID(r)
@@ -248,30 +194,19 @@ func (a *api) resumeRun(w http.ResponseWriter, r *http.Request) error {
 // workflowPauseArgs reads the name and the `runs` query parameter of
 // POST /v1/workflows/{name}/pause and /resume.
 func workflowPauseArgs(r *http.Request) (string, bool, error) {
-	name := r.PathValue("name")
-	if err := validate.Name("name", name); err != nil {
-		return "", false, err
-	}
-	q, err := url.ParseQuery(r.URL.RawQuery)
-	if err != nil {
-		return "", false, &sluice.Error{Code: sluice.CodeBadRequest, Message: "malformed query string: " + err.Error()}
-	}
 	runs := false
-	for _, k := range slices.Sorted(maps.Keys(q)) {
-		v := q[k]
+	err := readQuery(r.URL.RawQuery, "runs", func(k, v string) (bool, error) {
 		if k != "runs" {
-			return "", false, sluice.Invalid(clip(k), "unknown query parameter: use runs")
+			return false, nil
 		}
-		if len(v) > 1 {
-			return "", false, sluice.Invalid("runs", "given %d times; give it once", len(v))
-		}
-		b, err := strconv.ParseBool(v[0])
+		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return "", false, sluice.Invalid("runs", "want true or false, got %q", clip(v[0]))
+			return true, sluice.Invalid("runs", "want true or false, got %q", clip(v))
 		}
 		runs = b
-	}
-	return name, runs, nil
+		return true, nil
+	})
+	return r.PathValue("name"), runs, err
 }
 
 func (a *api) pauseWorkflow(w http.ResponseWriter, r *http.Request) error {

@@ -56,6 +56,11 @@ type RunStore interface {
 	// longer a.Seq (another decision came first: read it again) or the
 	// run is not running; the events are then left alone.
 	ApplyRun(ctx context.Context, a RunApply) (Outcome, error)
+	// ApplyRuns is ApplyRun for several runs' decisions in one
+	// transaction: changed[i] is ErrRunChanged or sluice.ErrNotFound for
+	// a decision not applied (nothing of it written; the others are), and
+	// err fails them all (nothing is written).
+	ApplyRuns(ctx context.Context, as []RunApply) (changed []error, o Outcome, err error)
 	// DropRunEvents deletes events of a run that needs no decision (it
 	// ended, or is queued).
 	DropRunEvents(ctx context.Context, ids []int64) error
@@ -457,4 +462,23 @@ func ReadSchedules(ctx context.Context, r Reader, sql string, args ...any) ([]Sc
 		out = append(out, x.Schedule())
 	}
 	return out, rows.Err()
+}
+
+// ApplyEach applies each decision of as with apply, in one transaction
+// (ApplyRuns): a decision refused before it wrote anything
+// (ErrRunChanged, not found) is recorded in changed and skipped; any
+// other error fails them all.
+func ApplyEach(as []RunApply, apply func(RunApply) error) (changed []error, err error) {
+	changed = make([]error, len(as))
+	for i, a := range as {
+		err := apply(a)
+		if errors.Is(err, ErrRunChanged) || errors.Is(err, sluice.ErrNotFound) {
+			changed[i] = err
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("run %d: %w", a.RunID, err)
+		}
+	}
+	return changed, nil
 }

@@ -1,7 +1,7 @@
-// Package validate holds the input rules of the sluice API. The HTTP layer
-// (internal/httpapi) runs them on every decoded request, and the engine runs
-// them again on the same values (defence in depth), so both reject bad input
-// with the same message before anything changes.
+// Package validate holds the input rules of the sluice API. The engine
+// (internal/engine) runs them at its boundary, once, on every call before
+// anything changes: it is the one validator, for an HTTP client (the HTTP
+// layer, internal/httpapi, only decodes) and an in-process caller alike.
 //
 // Every check returns nil or a *sluice.Error with code bad_request whose
 // Field names the offending input field (a JSON path such as
@@ -39,8 +39,9 @@ const (
 	MaxLimit = math.MaxInt32
 	// MaxClaim bounds ClaimParams.Max.
 	MaxClaim = 10000
-	// MaxClaimWait is the longest long-poll the HTTP API honours; longer
-	// waits are shortened to it.
+	// MaxClaimWait is the longest long-poll a claim waits; longer waits
+	// are shortened to it (by the engine, and by the HTTP API, whose
+	// server must answer before its WriteTimeout).
 	MaxClaimWait = 60 * time.Second
 	// MaxSlots bounds RegisterWorkerParams.Slots and
 	// HeartbeatParams.FreeSlots.
@@ -248,6 +249,23 @@ func TaskFilter(f *sluice.TaskFilter) error {
 	return text("after", f.After, MaxCursorLen)
 }
 
+// RunFilter checks the query of GET /v1/runs. A zero Limit means the
+// default; the cursor follows TaskFilter's rules.
+func RunFilter(f *sluice.RunFilter) error {
+	if f.Workflow != "" {
+		if err := Name("workflow", f.Workflow); err != nil {
+			return err
+		}
+	}
+	if f.State != "" && !f.State.Valid() {
+		return sluice.Invalid("state", "want one of %v, got %s", sluice.AllRunStates, quote(string(f.State)))
+	}
+	if f.Limit < 0 || f.Limit > MaxListLimit {
+		return sluice.Invalid("limit", "must be between 1 and %d", MaxListLimit)
+	}
+	return text("after", f.After, MaxCursorLen)
+}
+
 // Register checks the body of POST /v1/workers.
 func Register(p *sluice.RegisterWorkerParams) error {
 	if err := text("name", p.Name, MaxWorkerNameLen); err != nil {
@@ -271,8 +289,7 @@ func Register(p *sluice.RegisterWorkerParams) error {
 }
 
 // Claim checks the body of POST /v1/workers/{id}/claim. It does not bound
-// Wait: the HTTP API shortens waits over MaxClaimWait, and an in-process
-// worker may wait longer.
+// Wait: a longer wait is shortened to MaxClaimWait, not refused.
 func Claim(p *sluice.ClaimParams) error {
 	if p.Max < 1 || p.Max > MaxClaim {
 		return sluice.Invalid("max", "must be between 1 and %d", MaxClaim)

@@ -118,6 +118,18 @@ func TestTaskFilter(t *testing.T) {
 	check(t, validate.TaskFilter(&sluice.TaskFilter{After: strings.Repeat("c", 1001)}), "after", "longer")
 }
 
+func TestRunFilter(t *testing.T) {
+	t.Parallel()
+	check(t, validate.RunFilter(&sluice.RunFilter{}), "", "")
+	check(t, validate.RunFilter(&sluice.RunFilter{Workflow: "ingest", State: sluice.RunPaused, Limit: 1000, After: "7"}), "", "")
+	check(t, validate.RunFilter(&sluice.RunFilter{Workflow: "a b"}), "workflow", "contains")
+	check(t, validate.RunFilter(&sluice.RunFilter{State: "waiting"}), "state", `want one of [queued running paused succeeded failed cancelled], got "waiting"`)
+	check(t, validate.RunFilter(&sluice.RunFilter{State: sluice.RunState(strings.Repeat("s", 1000))}), "state", `"…`)
+	check(t, validate.RunFilter(&sluice.RunFilter{Limit: -1}), "limit", "between 1 and 1000")
+	check(t, validate.RunFilter(&sluice.RunFilter{Limit: 1001}), "limit", "between 1 and 1000")
+	check(t, validate.RunFilter(&sluice.RunFilter{After: "\xff"}), "after", "not valid UTF-8")
+}
+
 func TestRegister(t *testing.T) {
 	t.Parallel()
 	check(t, validate.Register(&sluice.RegisterWorkerParams{Name: "host 1 ü", Kinds: []string{"a", "b"}, Slots: 1}), "", "")

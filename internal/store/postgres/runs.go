@@ -155,42 +155,56 @@ func (s *Store) DropRunEvents(ctx context.Context, ids []int64) error {
 
 // ApplyRun applies a decision of the workflow layer; see store.RunStore.
 func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, error) {
-	return s.write(ctx, func(t *txn) error {
-		// The run's seq is counted and checked in one statement, after
-		// the env lock: of two replicas applying decisions for the run,
-		// the second reads the first's seq and gets ErrRunChanged (its
-		// transaction, the bump included, is rolled back). The row lock
-		// the UPDATE takes would serialise them even without the env
-		// lock.
-		var (
-			state string
-			seq   int64
-		)
-		found, err := t.queryRow("reading run", `UPDATE runs SET seq = seq + 1 WHERE id = $1 RETURNING state, seq - 1`, []any{a.RunID}, &state, &seq)
-		if err != nil {
+	return s.write(ctx, func(t *txn) error { return t.applyRun(a) })
+}
+
+// ApplyRuns applies several decisions in one transaction; see
+// store.RunStore.
+func (s *Store) ApplyRuns(ctx context.Context, as []store.RunApply) ([]error, store.Outcome, error) {
+	var changed []error
+	o, err := s.write(ctx, func(t *txn) error {
+		var err error
+		changed, err = store.ApplyEach(as, t.applyRun)
+		return err
+	})
+	return changed, o, err
+}
+
+// applyRun applies one decision. The run's seq is checked and counted in
+// one statement, after the write lock: of two replicas applying
+// decisions for the run, the second finds the first's seq and gets
+// ErrRunChanged, having written nothing (the statement changes no row
+// unless the decision stands), so the rest of a batch goes on.
+func (t *txn) applyRun(a store.RunApply) error {
+	var state string
+	found, err := t.queryRow("reading run", `UPDATE runs SET seq = seq + 1 WHERE id = $1 AND seq = $2 AND state IN ('running', 'paused') RETURNING state`,
+		[]any{a.RunID, a.Seq}, &state)
+	if err != nil {
+		return fmt.Errorf("run %d: %w", a.RunID, err)
+	}
+	if !found {
+		exists, err := t.queryRow("reading run", `SELECT 1 FROM runs WHERE id = $1`, []any{a.RunID}, new(int))
+		switch {
+		case err != nil:
 			return fmt.Errorf("run %d: %w", a.RunID, err)
-		}
-		if !found {
+		case !exists:
 			return sluice.NotFound("run %d not found", a.RunID)
 		}
-		// A paused run is decided as any: what follows is created
-		// paused.
-		paused := sluice.RunState(state) == sluice.RunPaused
-		if seq != a.Seq || (sluice.RunState(state) != sluice.RunRunning && !paused) {
-			return store.ErrRunChanged
-		}
-		t.setRunPaused(a.RunID, paused)
-		if len(a.Events) > 0 {
-			t.exec("deleting run events", `DELETE FROM run_events WHERE id = ANY($1)`, a.Events)
-		}
-		if err := t.createSteps(a.RunID, a.Steps, paused); err != nil {
-			return err
-		}
-		if a.End != nil {
-			return t.endRun(a.RunID, *a.End)
-		}
-		return nil
-	})
+		return store.ErrRunChanged
+	}
+	// A paused run is decided as any: what follows is created paused.
+	paused := sluice.RunState(state) == sluice.RunPaused
+	t.setRunPaused(a.RunID, paused)
+	if len(a.Events) > 0 {
+		t.exec("deleting run events", `DELETE FROM run_events WHERE id = ANY($1)`, a.Events)
+	}
+	if err := t.createSteps(a.RunID, a.Steps, paused); err != nil {
+		return err
+	}
+	if a.End != nil {
+		return t.endRun(a.RunID, *a.End)
+	}
+	return nil
 }
 
 // createSteps inserts steps and their tasks: the first of a fan-out's

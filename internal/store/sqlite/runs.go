@@ -151,38 +151,55 @@ func deleteEvents(ctx context.Context, tx *wtx, ids []int64) error {
 
 // ApplyRun applies a decision of the workflow layer; see store.RunStore.
 func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, error) {
-	return s.write(ctx, func(t *txn) error {
-		var (
-			state sluice.RunState
-			seq   int64
-		)
-		err := t.tx.QueryRowContext(ctx, `SELECT state, seq FROM runs WHERE id = ?`, a.RunID).Scan(&state, &seq)
-		if err == sql.ErrNoRows {
-			return sluice.NotFound("run %d not found", a.RunID)
-		}
-		if err != nil {
-			return fmt.Errorf("reading run %d: %w", a.RunID, err)
-		}
-		if seq != a.Seq || (state != sluice.RunRunning && state != sluice.RunPaused) {
-			return store.ErrRunChanged
-		}
-		t.setRunPaused(a.RunID, state == sluice.RunPaused)
-		if err := deleteEvents(ctx, t.tx, a.Events); err != nil {
+	return s.write(ctx, func(t *txn) error { return t.applyRun(a) })
+}
+
+// ApplyRuns applies several decisions in one transaction; see
+// store.RunStore.
+func (s *Store) ApplyRuns(ctx context.Context, as []store.RunApply) ([]error, store.Outcome, error) {
+	var changed []error
+	o, err := s.write(ctx, func(t *txn) error {
+		var err error
+		changed, err = store.ApplyEach(as, t.applyRun)
+		return err
+	})
+	return changed, o, err
+}
+
+// applyRun applies one decision. The run is read and checked before
+// anything is written, so a refused one (ErrRunChanged, not found)
+// leaves the transaction as it was.
+func (t *txn) applyRun(a store.RunApply) error {
+	var (
+		state sluice.RunState
+		seq   int64
+	)
+	err := t.tx.QueryRowContext(t.ctx, `SELECT state, seq FROM runs WHERE id = ?`, a.RunID).Scan(&state, &seq)
+	if err == sql.ErrNoRows {
+		return sluice.NotFound("run %d not found", a.RunID)
+	}
+	if err != nil {
+		return fmt.Errorf("reading run %d: %w", a.RunID, err)
+	}
+	if seq != a.Seq || (state != sluice.RunRunning && state != sluice.RunPaused) {
+		return store.ErrRunChanged
+	}
+	t.setRunPaused(a.RunID, state == sluice.RunPaused)
+	if err := deleteEvents(t.ctx, t.tx, a.Events); err != nil {
+		return err
+	}
+	for i := range a.Steps {
+		if err := t.createStep(a.RunID, &a.Steps[i], state == sluice.RunPaused); err != nil {
 			return err
 		}
-		for i := range a.Steps {
-			if err := t.createStep(a.RunID, &a.Steps[i], state == sluice.RunPaused); err != nil {
-				return err
-			}
-		}
-		if _, err := t.exec(`UPDATE runs SET seq = seq + 1 WHERE id = ?`, a.RunID); err != nil {
-			return fmt.Errorf("run %d: %w", a.RunID, err)
-		}
-		if a.End != nil {
-			return t.endRun(a.RunID, *a.End)
-		}
-		return nil
-	})
+	}
+	if _, err := t.exec(`UPDATE runs SET seq = seq + 1 WHERE id = ?`, a.RunID); err != nil {
+		return fmt.Errorf("run %d: %w", a.RunID, err)
+	}
+	if a.End != nil {
+		return t.endRun(a.RunID, *a.End)
+	}
+	return nil
 }
 
 // createStep inserts a step and its tasks: the first of a fan-out's

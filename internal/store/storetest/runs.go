@@ -30,6 +30,7 @@ var runTests = tests{
 	"RunListAndTasks":        testRunListAndTasks,
 	"RunDropEvents":          testRunDropEvents,
 	"RunClaimedTaskPlace":    testRunClaimedTaskPlace,
+	"RunApplyBatch":          testRunApplyBatch,
 }
 
 // run creates a running run of workflow "wf" and consumes its start
@@ -563,5 +564,44 @@ func testRunClaimedTaskPlace(t *testing.T, ns NewStore) {
 	place(running[0], "chain", 0)
 	require.Contains(t, next, running[0].ID)
 	place(next[running[0].ID], "chain", 1)
+	h.counters()
+}
+
+// testRunApplyBatch applies several runs' decisions in one transaction
+// (ApplyRuns): a stale decision and one for a run that does not exist
+// are refused, writing nothing of theirs, and the others apply; the
+// refused one's events stay for a later decision.
+func testRunApplyBatch(t *testing.T, ns NewStore) {
+	h := setup(t, ns)
+	h.worker("w", 10, "k")
+	a, b, c := h.run(store.NewRun{}), h.run(store.NewRun{}), h.run(store.NewRun{})
+	evIDs := func(id int64) []int64 {
+		var out []int64
+		for _, e := range h.events(id) {
+			out = append(out, e.ID)
+		}
+		return out
+	}
+	stale := h.getRun(b.ID).Seq + 1
+	changed, o, err := h.st.ApplyRuns(h.ctx, []store.RunApply{
+		{RunID: a.ID, Seq: h.getRun(a.ID).Seq, Events: evIDs(a.ID), Steps: []store.NewStep{items("s", 0, 4, 2, "k")}},
+		{RunID: b.ID, Seq: stale, Events: evIDs(b.ID), Steps: []store.NewStep{items("s", 0, 3, 0, "k")}},
+		{RunID: 1 << 40, Seq: 0},
+		{RunID: c.ID, Seq: h.getRun(c.ID).Seq, Events: evIDs(c.ID), End: &store.RunEnd{State: sluice.RunSucceeded, Output: json.RawMessage(`1`)}},
+	})
+	require.NoError(t, err)
+	require.Len(t, changed, 4)
+	require.NoError(t, changed[0])
+	require.ErrorIs(t, changed[1], store.ErrRunChanged)
+	require.ErrorIs(t, changed[2], sluice.ErrNotFound)
+	require.NoError(t, changed[3])
+	require.Equal(t, 2, o.Readied, "the window's two items")
+	st := h.step(a.ID, "s")
+	require.Equal(t, 4, st.Items)
+	require.Equal(t, 2, st.Active)
+	require.Empty(t, h.events(a.ID))
+	require.Empty(t, h.getRun(b.ID).Steps, "the stale decision wrote nothing")
+	require.Len(t, h.events(b.ID), 1, "its start event stays")
+	require.Equal(t, sluice.RunSucceeded, h.getRun(c.ID).State)
 	h.counters()
 }
