@@ -3,7 +3,8 @@
 // store (where flow control is enforced transactionally), wakes
 // long-polling workers when tasks become ready, explains waiting tasks and
 // runs the background services (lease sweeper, scheduler, retention,
-// provisioner, leader election: services.go).
+// provisioner, orchestrator, cron, leader election, the listener of other
+// replicas' notifications: services.go).
 package engine
 
 import (

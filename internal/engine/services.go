@@ -11,8 +11,8 @@ import (
 
 // The engine's background services, and when they run. Each is a type in
 // its own file (lease_sweeper.go, scheduler.go, retention.go,
-// provisioner.go, leader.go, listener.go) on the start/stop pattern of
-// service.go.
+// provisioner.go, orchestrator.go, cron.go, leader.go, listener.go) on the
+// start/stop pattern of service.go.
 
 // newServices builds the engine's services from its config.
 func (e *Engine) newServices() {
