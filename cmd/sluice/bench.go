@@ -37,6 +37,7 @@ type benchFlags struct {
 	slowSleep                                       time.Duration
 	handover, limitedHandover                       bool
 	handoverDepth                                   int
+	maxRunning                                      int
 	resultLinger                                    time.Duration
 	bulk                                            string
 	only                                            []string
@@ -198,6 +199,7 @@ results section of a Markdown file such as docs/benchmarks.md.`,
 	fs.BoolVar(&f.handover, "handover", true, "(e): the queue hands each slot straight to its next task (QueueParams.Handover); --handover=false measures without")
 	fs.BoolVar(&f.limitedHandover, "limited-handover", false, "(b): the limited queues have handover on too (off by default)")
 	fs.IntVar(&f.handoverDepth, "handover-depth", 0, "the server's --handover-depth (1 or 2; 0: its default, 2)")
+	fs.IntVar(&f.maxRunning, "max-running", 0, "every server's environment limit (--max-running; 0: none), e.g. to measure what it costs replicas")
 	fs.DurationVar(&f.resultLinger, "result-linger", bench.DefaultResultLinger, "the worker's --result-linger (0 = off, at most 1s)")
 	fs.StringVar(&f.bulk, "bulk", "auto", "how (d) writes its backlog: trigger (Engine.TriggerMany), sql (one INSERT … SELECT) or auto (sql above 100000)")
 	fs.StringSliceVar(&f.only, "only", bench.AllScenarios, "scenarios to run: a comma-separated subset of a,b,c,d,e,f,g (f and g only when named)")
@@ -292,7 +294,7 @@ func (f *benchFlags) config(fs *pflag.FlagSet) (bench.Config, error) {
 		Tasks: f.tasks, Slots: f.slots, Workers: f.workers, ClaimBatch: f.claimBatch, EnqueueBatch: f.enqueueBatch,
 		Limit: f.limit, Keys: f.keys, Rate: f.rate, RateLimit: f.rateLimit, Duration: f.duration,
 		Blocked: f.blocked, Claims: f.claims, ClaimMax: f.claimMax, Bulk: mode,
-		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth,
+		SlowTasks: f.slowTasks, SlowLimit: f.slowLimit, SlowSleep: f.slowSleep, SlowNoHandover: !f.handover, LimitedHandover: f.limitedHandover, HandoverDepth: f.handoverDepth, MaxRunning: f.maxRunning,
 		Only: only, DB: f.db, Dir: f.dir, Timeout: f.timeout, CPUProfile: f.cpuprofile, DropIndexes: f.dropIndexes,
 		ResultLinger:   resultLingerConfig(f.resultLinger),
 		WorkflowShapes: shapes, WorkflowBlocked: f.wfBlocked,

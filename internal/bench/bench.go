@@ -105,6 +105,10 @@ type Config struct {
 	// HandoverDepth is the server's handover depth (server.Config); 0
 	// is its default (2).
 	HandoverDepth int
+	// MaxRunning is every server's environment limit (server.Config;
+	// --max-running), 0 none: with --replicas, what an environment limit
+	// costs replicas (on PostgreSQL it makes every write exclusive).
+	MaxRunning int
 	// Bulk is how (d) writes its blocked backlog: TriggerMany calls or
 	// one SQL statement. BulkAuto (the zero value) uses SQL above 100000
 	// tasks.
@@ -299,6 +303,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("db: want empty (SQLite) or a postgres:// URL, got %q", redact(c.DB))
 	case c.Tasks < 1:
 		return fmt.Errorf("tasks: must be ≥ 1, got %d", c.Tasks)
+	case c.MaxRunning < 0:
+		return fmt.Errorf("max-running: must be ≥ 0 (0: no environment limit), got %d", c.MaxRunning)
 	case c.Slots < 1 || c.Slots > 100000:
 		return fmt.Errorf("slots: must be between 1 and 100000, got %d", c.Slots)
 	case c.Workers < 1 || c.Workers > 64:

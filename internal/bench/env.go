@@ -169,6 +169,7 @@ func startReplica(ctx context.Context, cfg *Config, dbURL string, o envOptions) 
 		AuthDisabled:  true,
 		Lease:         o.lease,
 		HandoverDepth: cfg.HandoverDepth,
+		MaxRunning:    cfg.MaxRunning,
 		Logger:        cfg.Logger,
 	})
 	if err != nil {

@@ -288,3 +288,25 @@ func TestBenchProcessWorkerEchoAs(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(args), "bench worker --server http://127.0.0.1:1 --slots 3"), "args %q", args)
 	require.Contains(t, string(args), "--echo-as echo-q0,echo-q2")
 }
+
+// Two replicas under an environment limit (Config.MaxRunning): every
+// write is exclusive then, and the limit holds across the replicas.
+func TestBenchReplicasEnvLimitPostgres(t *testing.T) {
+	t.Parallel()
+	var out testutil.SyncBuffer
+	cfg := Config{
+		DB: pgtest.BaseURL(t), Replicas: []int{2}, Queues: 2, MaxRunning: 5,
+		Only: []string{ScenarioNoop}, Tasks: 200, Slots: 50, ClaimBatch: 20,
+		Worker: Embedded(slog.New(slog.DiscardHandler)), Timeout: time.Minute, Progress: &out,
+	}
+	res, err := Run(context.Background(), cfg)
+	require.NoError(t, err, out.String())
+	require.NotEmpty(t, res.Scaling.Runs)
+	for _, r := range res.Scaling.Runs {
+		require.Equal(t, 200, r.Tasks, r.Label)
+		require.Positive(t, r.MaxRunning, r.Label)
+		require.LessOrEqual(t, r.MaxRunning, 5, "%s: the environment limit exceeded", r.Label)
+	}
+	cfg.MaxRunning = -1
+	require.ErrorContains(t, cfg.Validate(), "max-running")
+}

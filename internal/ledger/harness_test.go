@@ -36,19 +36,27 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// harness is an in-process server on a temporary SQLite file, optionally
-// also serving HTTP on a loopback port.
+// harness is an in-process server on a temporary SQLite file or a
+// PostgreSQL schema, optionally also serving HTTP on a loopback port; or,
+// for a test named …3Replicas… (replicas3_test.go), three servers on one
+// PostgreSQL schema, every call spread over them.
 type harness struct {
 	t   *testing.T
 	ctx context.Context
 	cfg server.Config
-	srv *server.Server
-	b   sluice.Backend // in-process
-	url string         // set by serveHTTP
+	// srv is the first server, whose store the checks read (the
+	// replicas share it); srvs holds every server.
+	srv  *server.Server
+	srvs []*server.Server
+	// b is in-process: srv's backend, or with replicas a backend that
+	// sends each call to one of the servers (spread).
+	b   sluice.Backend
+	url string // set by serveHTTP: srv's base URL
 }
 
-// newHarness opens and starts a server. Closing happens in t.Cleanup,
-// after every worker started with runWorker has stopped.
+// newHarness opens and starts a server, or three replicas (replicasOf).
+// Closing happens in t.Cleanup, after every worker started with
+// runWorker has stopped.
 func newHarness(t *testing.T, cfg server.Config) *harness {
 	t.Helper()
 	ctx := t.Context()
@@ -60,40 +68,82 @@ func newHarness(t *testing.T, cfg server.Config) *harness {
 	// reach a loopback port this server reuses.
 	cfg.AdminToken, cfg.WorkerToken = "admin-"+rand.Text(), "worker-"+rand.Text()
 	cfg.Logger = testLogger()
-	srv, err := server.Open(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, srv.Close(cctx))
-	})
-	require.NoError(t, srv.Start(ctx))
-	return &harness{t: t, ctx: ctx, cfg: cfg, srv: srv, b: srv.Backend()}
+	h := &harness{t: t, ctx: ctx, cfg: cfg}
+	n := replicasOf(t)
+	for i := range n {
+		rcfg := cfg
+		if n > 1 {
+			rcfg.Logger = cfg.Logger.With("replica", i)
+		}
+		srv, err := server.Open(ctx, rcfg)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, srv.Close(cctx))
+		})
+		h.srvs = append(h.srvs, srv)
+	}
+	// Every replica runs its background services: the orchestrator and
+	// the listener on each, the leader-only ones (sweeper, scheduler,
+	// cron, retention) on whichever wins the election.
+	for _, srv := range h.srvs {
+		require.NoError(t, srv.Start(ctx))
+	}
+	h.srv, h.b = h.srvs[0], h.srvs[0].Backend()
+	if n > 1 {
+		h.b = newSpread(h.srvs)
+		// Registered after the servers' Close, so it runs before them.
+		t.Cleanup(h.checkReplicas)
+	}
+	return h
 }
 
-// serveHTTP serves the API on 127.0.0.1:0 until the test ends and returns
-// an admin client and a worker client for it.
+// serveHTTP serves the API on 127.0.0.1:0 (each replica on its own port)
+// until the test ends and returns an admin client and a worker client for
+// it. With replicas the clients send each request to one of the
+// replicas (rotateHosts).
 func (h *harness) serveHTTP() (admin, worker *sluice.Client) {
+	h.t.Helper()
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	h.t.Cleanup(tr.CloseIdleConnections) // after the servers stop (LIFO)
+	var hosts []string
+	for i, srv := range h.srvs {
+		url := h.listen(srv)
+		if i == 0 {
+			h.url = url
+		}
+		hosts = append(hosts, strings.TrimPrefix(url, "http://"))
+	}
+	var rt http.RoundTripper = tr
+	if len(hosts) > 1 {
+		rt = &rotateHosts{next: tr, hosts: hosts}
+	}
+	hc := &http.Client{Transport: rt}
+	return sluice.NewClient(h.url, sluice.WithHTTPClient(hc), sluice.WithToken(h.cfg.AdminToken)),
+		sluice.NewClient(h.url, sluice.WithHTTPClient(hc), sluice.WithToken(h.cfg.WorkerToken))
+}
+
+// listen serves srv's API on its Addr (127.0.0.1:0) until the test ends
+// and returns its base URL.
+func (h *harness) listen(srv *server.Server) string {
 	h.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() { done <- h.srv.ListenAndServe(ctx, ready) }()
+	go func() { done <- srv.ListenAndServe(ctx, ready) }()
 	select {
-	case h.url = <-ready:
+	case url := <-ready:
+		h.t.Cleanup(func() {
+			cancel()
+			require.NoError(h.t, <-done)
+		})
+		return url
 	case err := <-done:
 		cancel()
 		h.t.Fatalf("serving HTTP: %v", err)
+		return ""
 	}
-	tr := &http.Transport{MaxIdleConnsPerHost: 64}
-	h.t.Cleanup(func() {
-		cancel()
-		require.NoError(h.t, <-done)
-		tr.CloseIdleConnections()
-	})
-	hc := &http.Client{Transport: tr}
-	return sluice.NewClient(h.url, sluice.WithHTTPClient(hc), sluice.WithToken(h.cfg.AdminToken)),
-		sluice.NewClient(h.url, sluice.WithHTTPClient(hc), sluice.WithToken(h.cfg.WorkerToken))
 }
 
 // runWorker runs w until stop is called or the test's cleanup does. stop

@@ -602,7 +602,7 @@ func TestWorkflowLedger(t *testing.T) {
 	}
 	// 500 items: one run of each such workflow runs to its end, one is
 	// cancelled mid-way.
-	// (200 items by default; 500 in the long suite, SLUICE_TEST_LONG).
+	// (200 items by default; 500 in the long suite, SLUICE_TEST_LONG.)
 	big := testutil.Size(200, 500)
 	add500 := func(workflow string) {
 		for _, cancel := range []bool{false, true} {
