@@ -60,9 +60,9 @@ func retryWait(err error, backoff time.Duration) time.Duration {
 // Create it with NewWorker, Register handlers, then call Run once.
 type Worker struct {
 	// The Worker is a thin facade: it holds the configuration and the
-	// handlers, registers, and starts and stops the roles below, each in
-	// its own file with the state it owns (as River's producer, executor
-	// and completer):
+	// handlers, registers, and builds, starts and stops the roles below,
+	// each in its own file with the state it owns (as River's producer,
+	// executor and completer):
 	//
 	//   - prod, producer (worker_producer.go): claims, free slots, the
 	//     numbers of claim calls;
@@ -73,8 +73,11 @@ type Worker struct {
 	//     lease, heartbeats;
 	//   - chains, handovers (worker_handover.go): hand-over chains.
 	//
-	// What several roles share, the runs the worker holds and the lock
-	// over them, is held (heldRuns, worker_run.go).
+	// No role holds the Worker or another role: each is built (NewWorker)
+	// with the few calls it makes to the others, listed and documented
+	// by its inputs type (producerInputs, …). What several roles share,
+	// the runs the worker holds and the hand-over links between them, is
+	// held (heldRuns, worker_held.go), which owns the lock over them.
 	b        Backend
 	cfg      WorkerConfig
 	cfgErr   error
@@ -92,7 +95,7 @@ type Worker struct {
 	epoch  time.Time
 	active atomic.Int64 // last claim with tasks or slot freed (MaxIdle only)
 
-	held   heldRuns
+	held   *heldRuns
 	lease  *leaseKeeper
 	prod   *producer
 	exec   *executor
@@ -110,15 +113,111 @@ func NewWorker(b Backend, cfg WorkerConfig) *Worker {
 		cfgErr:   cfg.Validate(),
 		log:      cfg.Logger,
 		handlers: make(map[string]HandlerFunc),
-		held:     heldRuns{byID: make(map[int64]*taskRun)},
+		held:     newHeldRuns(),
 		bp:       newBackpressure(cfg, cfg.Logger),
 	}
-	w.lease = &leaseKeeper{w: w}
-	w.prod = newProducer(w)
-	w.exec = &executor{w: w}
-	w.compl = newCompleter(w)
-	w.chains = &handovers{w: w}
+	linger := &resultLinger{d: cfg.ResultLinger, since: w.since}
+	// Each role gets the calls it makes, as method values of the roles
+	// built before it. The few that point forward (the lease keeper to
+	// the producer, the producer to the executor) and those that read
+	// what Run sets (its context, the metrics) are closures, called only
+	// once Run has built everything.
+	w.lease = newLeaseKeeper(leaseInputs{
+		log:            cfg.Logger,
+		b:              b,
+		server:         func() string { return serverOf(b) },
+		registration:   w.registration,
+		connectTimeout: cfg.ConnectTimeout,
+		slots:          cfg.Slots,
+		snapshot:       w.held.snapshot,
+		lose:           w.held.lose,
+		cancel:         w.held.cancel,
+		freeSlots:      func() int64 { return w.prod.free.Load() },
+		claimsSettled:  func() (int64, []int64) { return w.prod.seqs.settled() },
+		load:           w.bp,
+		releaseQuietly: w.releaseQuietly,
+	})
+	w.prod = newProducer(producerInputs{
+		log:          cfg.Logger,
+		slots:        int64(cfg.Slots),
+		pollWait:     cfg.PollWait,
+		b:            b,
+		pace:         w.bp,
+		current:      w.lease.current,
+		now:          w.lease.now,
+		leaseHeld:    w.lease.leaseHeld,
+		reregister:   w.lease.reregister,
+		releaseStale: w.lease.releaseStale,
+		admit:        w.held.admit,
+		cancel:       w.held.cancel,
+		runsCtx:      func() context.Context { return w.baseCtx },
+		mayRun:       func(kind string) bool { return w.exec.handles(kind) },
+		run:          func(tr *taskRun) { w.exec.start(tr) },
+		runSuccessor: func(tr *taskRun) { w.exec.startSuccessor(tr) },
+		launched:     linger.launch,
+		release:      w.release,
+		releaseNow:   w.releaseNow,
+		claimed:      func(n int) { w.metrics.claimed(n) },
+		markActive:   w.markActive,
+		stopping:     w.stopping.Load,
+	})
+	w.chains = newHandovers(handoverInputs{
+		log:            cfg.Logger,
+		held:           w.held,
+		stopping:       w.stopping.Load,
+		holding:        w.bp.holding,
+		leaseHeld:      w.lease.leaseHeld,
+		releaseQuietly: w.releaseQuietly,
+		freeOwed:       w.prod.freeOwed,
+	})
+	w.compl = newCompleter(cfg.Slots, completerInputs{
+		log:             cfg.Logger,
+		b:               b,
+		current:         w.lease.current,
+		now:             w.lease.now,
+		linger:          linger,
+		pick:            w.held.pick,
+		forget:          w.held.forget,
+		inCall:          w.chains.inCall,
+		releaseHeld:     w.chains.releaseHeld,
+		settleHandovers: w.chains.settleHandovers,
+		piggyback:       w.prod.piggyback,
+	})
+	w.exec = newExecutor(executorInputs{
+		log:       cfg.Logger,
+		stopping:  w.stopping.Load,
+		leaseHeld: w.lease.leaseHeld,
+		now:       w.lease.now,
+		handlerCtx: func(ctx context.Context, tr *taskRun) handlerContext {
+			return handlerContext{Context: ctx, tc: &tr.tc, w: w, tr: tr}
+		},
+		returned:       linger.returned,
+		took:           w.bp.lat.record,
+		handOver:       w.chains.handOver,
+		holdSlot:       w.chains.holdSlot,
+		freeOwed:       w.prod.freeOwed,
+		queue:          w.compl.queue,
+		finishRun:      w.finishRun,
+		remove:         w.held.remove,
+		releaseQuietly: w.releaseQuietly,
+		markActive:     w.markActive,
+	})
 	return w
+}
+
+// finishRun ends the local bookkeeping of a run whose handler has ended,
+// or will never run, without a result to send (released, lost, stopped):
+// it settles the run's reserved successors (heldRuns.endRun) and gives
+// its slot to the claim loop (producer.freeSlot).
+func (w *Worker) finishRun(tr *taskRun) {
+	w.held.endRun(tr)
+	w.prod.freeSlot()
+}
+
+// setLog makes the worker and its roles log with l.
+func (w *Worker) setLog(l *slog.Logger) {
+	w.log = l
+	w.lease.log, w.prod.log, w.exec.log, w.compl.log, w.chains.log = l, l, l, l, l
 }
 
 // Register sets the handler of kind. It must be called before Run; it panics
@@ -141,12 +240,7 @@ func (w *Worker) Register(kind string, h HandlerFunc) {
 
 // ID returns the id the server gave the worker, or "" before Run has
 // registered it.
-func (w *Worker) ID() string {
-	if in := w.lease.current(); in != nil {
-		return in.id
-	}
-	return ""
-}
+func (w *Worker) ID() string { return w.lease.id() }
 
 // registration is what the worker registers with.
 func (w *Worker) registration() RegisterWorkerParams {
@@ -199,17 +293,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	if w.cfg.Registerer != nil {
-		m, err := newWorkerMetrics(w.cfg.Registerer, w)
+		m, err := newWorkerMetrics(w.cfg.Registerer, w.bp, w.cfg.Slots, w.prod.running)
 		if err != nil {
 			return fmt.Errorf("sluice: %w", err)
 		}
 		w.metrics = m
 		defer m.unregister()
 	}
-	w.exec.kinds = make(map[string]*kindRunner, len(w.handlers))
-	for k, h := range w.handlers {
-		w.exec.kinds[k] = &kindRunner{h: h, m: w.metrics.forKind(k)}
-	}
+	w.exec.prepare(w.handlers, w.metrics)
 
 	// Leases start no earlier than the registration request.
 	w.epoch = time.Now()
@@ -223,9 +314,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		return nil
 	}
 	id := reg.ID
-	w.lease.inc.Store(newIncarnation(id, sent))
-	w.compl.chainResults.Store(reg.ChainResults)
-	w.log = w.log.With("worker_id", id)
+	w.lease.inc.Store(newIncarnation(reg, sent))
+	w.setLog(w.log.With("worker_id", id))
 	lease, interval, lossAfter, err := w.cfg.workerTimings(reg)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -240,7 +330,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		"claim_batch", w.cfg.ClaimBatch, "lease", lease, "heartbeat_interval", interval, "lease_loss_after", lossAfter,
 		"memory_high", w.cfg.MemoryHigh, "memory_source", memSource, "latency_high", w.cfg.LatencyHigh, "max_idle", w.cfg.MaxIdle)
 
-	w.prod.free.Store(int64(w.cfg.Slots))
 	w.baseCtx = context.WithoutCancel(ctx)
 	// bgCtx outlives ctx: heartbeats and completions go on while running
 	// tasks finish. It is cancelled when cleanup gives up.
@@ -299,7 +388,7 @@ func (w *Worker) idleLoop(ctx context.Context, exit context.CancelFunc) {
 		// takes slots, so a claim racing this check is seen by one of the
 		// two reads. A claim missed by both has its tasks launched or
 		// released by the shutdown, like any claim that races a stop.
-		busy := w.prod.free.Load() < int64(w.cfg.Slots) || w.prod.lends.waiting.Load() > 0
+		busy := w.prod.busy()
 		idle := w.since() - time.Duration(w.active.Load())
 		if !busy && idle >= maxIdle {
 			w.log.Info("worker idle for max-idle; stopping", "idle_for", idle.Round(time.Millisecond), "max_idle", maxIdle)
@@ -324,11 +413,11 @@ func (w *Worker) shutdown(bgCancel context.CancelFunc, hbStop chan struct{}) {
 	// Claimed but not started: hand back at once.
 	w.release(cleanupCtx, w.held.collect(false))
 
-	w.log.Info("worker stopping", "running", int64(w.cfg.Slots)-w.prod.free.Load(), "shutdown_timeout", w.cfg.ShutdownTimeout)
+	w.log.Info("worker stopping", "running", w.prod.running(), "shutdown_timeout", w.cfg.ShutdownTimeout)
 	if !w.exec.wait(w.cfg.ShutdownTimeout) {
 		w.held.cancelAll(errShutdown)
 		if !w.exec.wait(hardStopGrace) {
-			w.log.Warn("handlers ignored cancellation; abandoning them", "running", int64(w.cfg.Slots)-w.prod.free.Load())
+			w.log.Warn("handlers ignored cancellation; abandoning them", "running", w.prod.running())
 		}
 		ids := w.held.collect(true)
 		w.log.Warn("shutdown deadline passed; releasing unfinished tasks", "count", len(ids))
@@ -382,13 +471,4 @@ func (w *Worker) releaseQuietly(id string, ids []int64) {
 	ctx, cancel := context.WithTimeout(w.baseCtx, cleanupTimeout)
 	defer cancel()
 	w.releaseAs(ctx, id, ids, true)
-}
-
-// startReleased releases tasks that arrived after claiming stopped.
-func (w *Worker) startReleased(ctx context.Context, tasks []ClaimedTask) {
-	ids := make([]int64, len(tasks))
-	for i, t := range tasks {
-		ids[i] = t.ID
-	}
-	w.release(ctx, ids)
 }

@@ -71,12 +71,7 @@ func blockedChain(t *testing.T, f *fakeBackend, slots int, ids []int64) (w *Work
 
 // heldIDs returns the ids w holds.
 func heldIDs(w *Worker) []int64 {
-	w.held.mu.Lock()
-	defer w.held.mu.Unlock()
-	ids := make([]int64, 0, len(w.held.byID))
-	for id := range w.held.byID {
-		ids = append(ids, id)
-	}
+	ids := w.held.snapshot([]int64{}, map[int64]*taskRun{})
 	slices.Sort(ids)
 	return ids
 }
@@ -246,10 +241,7 @@ func TestWorkerChainCancelledSuccessor(t *testing.T) {
 	w, ran, release, stop := blockedChain(t, f, 1, ids)
 	f.cancelViaHeartbeat(ids[1])
 	require.Eventually(t, func() bool {
-		w.held.mu.Lock()
-		defer w.held.mu.Unlock()
-		tr := w.held.byID[ids[1]]
-		return tr != nil && tr.ctx.Err() != nil
+		return w.held.peek(ids[1], func(tr *taskRun) bool { return tr != nil && tr.ctx.Err() != nil })
 	}, waitFor, tick)
 	release()
 	<-f.resultsReached(1)
@@ -568,9 +560,7 @@ func TestWorkerChainResultsInOneCall(t *testing.T) {
 			// S2's result is queued behind S1's (the completer gets
 			// both before the gate opens).
 			require.Eventually(t, func() bool {
-				w.held.mu.Lock()
-				defer w.held.mu.Unlock()
-				return w.held.byID[ids[2]] != nil && w.held.byID[ids[2]].slotHeld
+				return w.held.peek(ids[2], func(tr *taskRun) bool { return tr != nil && tr.slotHeld })
 			}, waitFor, tick)
 			time.Sleep(20 * time.Millisecond)
 			openGate()

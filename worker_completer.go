@@ -2,43 +2,64 @@ package sluice
 
 import (
 	"context"
-	"sync/atomic"
+	"log/slog"
 	"time"
 )
 
 // completer reports results: the executor queues them (queue), the
 // complete loop sends them in batches, each call asking for tasks for the
 // slots its results freed, which are owed to it, and for any other free
-// slot no claim asks for (producer.piggyback), and starting what its
-// answer brings (producer.start).
+// slot no claim asks for, and starting what its answer brings
+// (producer.piggyback).
 type completer struct {
-	w *Worker // for the backend, the held runs and the other roles
+	completerInputs
 
 	// results absorbs results while a Complete call is in flight; a
 	// full channel makes handlers wait (backpressure).
 	results chan *taskRun
 	flush   chan struct{} // closed: the complete loop sends what is left and exits
 	exited  chan struct{} // closed once the complete loop has exited
-
-	// picks numbers sendable's runs; a run it puts in a batch gets the
-	// number (taskRun.picked), so a later run of the same batch finds its
-	// predecessor there without a set built per run. Guarded by
-	// heldRuns.mu.
-	picks uint64
-	// chainResults: the server takes a chain's results in one complete
-	// call (WorkerRegistration.ChainResults, read at each registration).
-	chainResults atomic.Bool
-
-	linger resultLinger
 }
 
-func newCompleter(w *Worker) *completer {
+// completerInputs are the calls the completer makes to the rest of the
+// worker.
+type completerInputs struct {
+	log *slog.Logger // replaced by Run once the worker has an id
+	// b makes the complete calls (the worker's Backend).
+	b interface {
+		Complete(ctx context.Context, workerID string, p CompleteParams) (*CompleteResult, error)
+	}
+	// current is the worker's registration and now its clock (the lease
+	// keeper's).
+	current func() *incarnation
+	now     func() time.Time
+	// linger is the ResultLinger state, which the producer and the
+	// executor keep up to date.
+	linger *resultLinger
+	// pick and forget are the held runs' (heldRuns.pick, heldRuns.forget).
+	pick   func(pending []*taskRun, chain bool) (batch []*taskRun, handing bool)
+	forget func(batch []*taskRun)
+	// inCall, releaseHeld and settleHandovers keep hand-over chains up
+	// to date as results go in calls and calls return (handovers).
+	inCall          func(batch []*taskRun) map[*taskRun]bool
+	releaseHeld     func(sent []*taskRun)
+	settleHandovers func(sent []*taskRun, acks []ResultAck)
+	// piggyback makes a complete call carry a claim and starts what it
+	// brings (producer.piggyback).
+	piggyback func(ctx, runCtx context.Context, owed int64, numbered bool,
+		send func(claim, seq int64, retry func() (claim, seq int64)) (tasks []ClaimedTask, in *incarnation, ok bool)) bool
+}
+
+// newCompleter returns a completer whose channel holds up to the
+// results of slots handlers (or maxCompleteBatch) while a call is in
+// flight, making the calls in (completerInputs) to the rest of the
+// worker.
+func newCompleter(slots int, in completerInputs) *completer {
 	return &completer{
-		w:       w,
-		results: make(chan *taskRun, max(2*w.cfg.Slots, maxCompleteBatch)),
-		flush:   make(chan struct{}),
-		exited:  make(chan struct{}),
-		linger:  resultLinger{d: w.cfg.ResultLinger, since: w.since},
+		completerInputs: in,
+		results:         make(chan *taskRun, max(2*slots, maxCompleteBatch)),
+		flush:           make(chan struct{}),
+		exited:          make(chan struct{}),
 	}
 }
 
@@ -135,7 +156,7 @@ func (c *completer) loop(ctx, runCtx context.Context) {
 			stopLinger()
 		case call := <-done:
 			inflight--
-			c.w.chains.releaseHeld(call.sent)
+			c.releaseHeld(call.sent)
 			failed = failed || !call.ok
 		}
 	}
@@ -154,55 +175,18 @@ type completeCall struct {
 
 // sendable picks, in order, up to maxCompleteBatch pending results whose
 // predecessor's result (if any) a returned call carried, and says whether
-// one hands over. With a server that takes a chain's results in one call
-// (WorkerRegistration.ChainResults), a result may also follow its
-// predecessor's in the same batch when that one is a success handing
-// over to it: the server hands over before it looks at the successes.
+// one hands over (heldRuns.pick). With a server that takes a chain's
+// results in one call (WorkerRegistration.ChainResults), a result may also
+// follow its predecessor's in the same batch when that one is a success
+// handing over to it.
 func (c *completer) sendable(pending []*taskRun) (batch []*taskRun, handing bool) {
-	held := &c.w.held
-	held.mu.Lock() // a late successor may be named in a result not in a call yet
-	defer held.mu.Unlock()
-	chain := c.chainResults.Load()
-	c.picks++
-	for _, tr := range pending {
-		if len(batch) == maxCompleteBatch {
-			break
-		}
-		if p := tr.pred; p != nil && !p.acked &&
-			!(chain && p.picked == c.picks && p.result.Error == "" && p.result.Next == tr.tc.ID) {
-			continue
-		}
-		tr.picked = c.picks
-		batch = append(batch, tr)
-		handing = handing || tr.result.Next != 0
-	}
-	return batch, handing
+	return c.pick(pending, c.current().chainResults)
 }
 
 // unsent is pending without the results of batch (a subsequence of it),
-// and lets their predecessors go. A successor whose result follows its
-// predecessor's in batch (WorkerRegistration.ChainResults) and that kept
-// its slot for a successor of its own (handovers.holdSlot) frees the slot
-// now, owed to batch: the server reserves nothing after a task that ended
-// in the same call, so the call asks for a task for that slot instead.
+// which go in a call now (handovers.inCall).
 func (c *completer) unsent(pending, batch []*taskRun) []*taskRun {
-	in := make(map[*taskRun]bool, len(batch))
-	var freed []*taskRun
-	held := &c.w.held
-	held.mu.Lock()
-	for _, tr := range batch {
-		if tr.slotHeld && in[tr.pred] {
-			tr.slotHeld = false
-			freed = append(freed, tr)
-		}
-		in[tr] = true
-		tr.pred = nil
-		tr.inCall = true
-	}
-	held.mu.Unlock()
-	for _, tr := range freed {
-		c.w.prod.freeOwed(tr)
-	}
+	in := c.inCall(batch)
 	out := pending[:0]
 	for _, tr := range pending {
 		if !in[tr] {
@@ -216,11 +200,10 @@ func (c *completer) unsent(pending, batch []*taskRun) []*taskRun {
 // call sends one batch of results (those still to report), asks for
 // tasks for the slots they freed (and other free slots no claim asks for)
 // while claiming goes on, acts on the acks and starts what the answer
-// brings. It reports false when it gave up (the shutdown's cleanup
-// deadline); the slots its results owed stay taken then, but claiming
-// has stopped by then.
+// brings (producer.piggyback). It reports false when it gave up (the
+// shutdown's cleanup deadline); the slots its results owed stay taken
+// then, but claiming has stopped by then.
 func (c *completer) call(ctx, runCtx context.Context, sent []*taskRun) bool {
-	w := c.w
 	params := make([]TaskResult, 0, len(sent))
 	numbered := false
 	for _, tr := range sent {
@@ -235,51 +218,25 @@ func (c *completer) call(ctx, runCtx context.Context, sent []*taskRun) bool {
 			owed++
 		}
 	}
-	var res *CompleteResult
-	var hold, asked, seq int64
-	var in *incarnation
 	if len(params) == 0 {
-		w.prod.forgive(owed) // nothing to send: no call claims for them
-	} else {
-		hold, asked = w.prod.piggyback(runCtx, owed)
-		// A result that hands over may come back with a reserved
-		// successor even without a claim: number the call so that a
-		// lost answer's reservations are released (ClaimsSettled).
-		if asked > 0 || numbered {
-			seq = w.prod.seqs.begin()
-		}
-		var ok bool
-		var sentAt time.Time
-		res, seq, in, sentAt, ok = c.send(ctx, params, asked, seq)
+		c.piggyback(ctx, runCtx, owed, false, nil) // nothing to send: no call claims for them
+		c.forget(sent)
+		return true
+	}
+	return c.piggyback(ctx, runCtx, owed, numbered, func(claim, seq int64, retry func() (int64, int64)) ([]ClaimedTask, *incarnation, bool) {
+		res, in, sentAt, ok := c.send(ctx, params, claim, seq, retry)
 		if !ok {
-			w.prod.unreserve(hold)
-			w.prod.seqs.end(seq)
-			return false
+			return nil, nil, false
 		}
 		if countRunNow(res.Tasks) > 0 {
 			in.extended(sentAt) // the call claimed: it extended the lease
 		}
-		w.chains.settleHandovers(sent, res.Results)
-	}
-	w.held.forget(sent)
-	if res != nil && len(res.Tasks) > 0 {
-		claimed := res.Tasks
-		if n := countRunNow(claimed); n > 0 {
-			w.metrics.claimed(n)
-		}
-		w.markActive()
-		if runCtx.Err() == nil && !w.stopping.Load() {
-			w.prod.start(in, claimed, asked, true)
-		} else {
-			// Claiming has stopped: hand them back at once.
-			w.startReleased(ctx, claimed)
-		}
-	}
-	// The slots its answer did not fill, owed ones included, are the
-	// claim loop's now: it long-polls for them.
-	w.prod.unreserve(hold)
-	w.prod.seqs.end(seq) // its tasks are held (or released) now
-	return true
+		c.settleHandovers(sent, res.Results)
+		// Before what the answer brings is held: it may hold a task of
+		// sent again (a retry), under a new run.
+		c.forget(sent)
+		return res.Tasks, in, true
+	})
 }
 
 // topUp adds the results already waiting, up to the batch limit.
@@ -296,44 +253,34 @@ func (c *completer) topUp(batch []*taskRun) []*taskRun {
 }
 
 // send calls Complete until it succeeds, backing off between tries, and
-// returns its answer, the number of the call that succeeded (claim > 0
-// or a handover in params: numbered seq, else 0), and the registration it
-// was made under and when it was sent. It gives up only when ctx ends
-// (the shutdown's cleanup deadline).
-func (c *completer) send(ctx context.Context, params []TaskResult, claim, seq int64) (*CompleteResult, int64, *incarnation, time.Time, bool) {
-	w := c.w
+// returns its answer and the registration it was made under and when it
+// was sent. The first try claims claim tasks under the number seq; each
+// retry claims and is numbered as retry says (producer.piggyback). It
+// gives up only when ctx ends (the shutdown's cleanup deadline).
+func (c *completer) send(ctx context.Context, params []TaskResult, claim, seq int64, retry func() (int64, int64)) (*CompleteResult, *incarnation, time.Time, bool) {
 	backoff := claimBackoffMin
-	numbered := false
-	for i := range params {
-		numbered = numbered || params[i].Next != 0
-	}
 	for {
-		in, sent := w.lease.current(), w.lease.now()
-		res, err := w.b.Complete(ctx, in.id, CompleteParams{Results: params, Claim: int(claim), ClaimSeq: seq})
+		in, sent := c.current(), c.now()
+		res, err := c.b.Complete(ctx, in.id, CompleteParams{Results: params, Claim: int(claim), ClaimSeq: seq})
 		if err == nil {
 			for _, a := range res.Results {
 				if a.Status != "ok" {
-					w.log.Debug("result dropped by server", "task_id", a.TaskID, "status", a.Status)
+					c.log.Debug("result dropped by server", "task_id", a.TaskID, "status", a.Status)
 				}
 			}
-			return res, seq, in, sent, true
+			return res, in, sent, true
 		}
 		if ctx.Err() != nil {
-			w.log.Error("dropping unsent results at shutdown", "count", len(params), "err", err)
-			return nil, seq, nil, time.Time{}, false
+			c.log.Error("dropping unsent results at shutdown", "count", len(params), "err", err)
+			return nil, nil, time.Time{}, false
 		}
-		// The failed call may have claimed tasks whose answer was lost
-		// (settled now: the next heartbeat has the server release them);
+		// The failed call may have claimed tasks whose answer was lost;
 		// the retry claims nothing, so it cannot lose more. It may still
 		// reserve successors for the results that hand over, so it is
 		// numbered again if the first call was.
-		w.prod.seqs.end(seq)
-		claim, seq = 0, 0
-		if numbered {
-			seq = w.prod.seqs.begin()
-		}
+		claim, seq = retry()
 		d := retryWait(err, backoff)
-		w.log.Error("sending results", "count", len(params), "err", err, "retry_in", d)
+		c.log.Error("sending results", "count", len(params), "err", err, "retry_in", d)
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -16,10 +17,86 @@ import (
 // the complete call that will carry the result (producer.freeOwed), and
 // queues the result for the completer.
 type executor struct {
-	w *Worker // for the held runs, the lease and the other roles
+	executorInputs
 
-	kinds map[string]*kindRunner // built by Run; read-only after
-	tasks sync.WaitGroup         // every task goroutine
+	kinds   map[string]*kindRunner // built by Run (prepare); read-only after
+	metrics *workerMetrics         // given by Run (prepare); nil without a Registerer
+	tasks   sync.WaitGroup         // every task goroutine
+}
+
+// executorInputs are the calls the executor makes to the rest of the
+// worker.
+type executorInputs struct {
+	log *slog.Logger // replaced by Run once the worker has an id
+	// stopping: the worker is shutting down (no handler starts).
+	stopping func() bool
+	// leaseHeld: tasks claimed under a registration may start; now is
+	// the worker's clock (the lease keeper's).
+	leaseHeld func(*incarnation) bool
+	now       func() time.Time
+	// handlerCtx is the context a run's handler gets, over ctx: it
+	// carries the run for TaskFromContext and the child calls.
+	handlerCtx func(ctx context.Context, tr *taskRun) handlerContext
+	// returned counts a handler of a claimed task out for ResultLinger
+	// (resultLinger.returned).
+	returned func(*taskRun)
+	// took records a handler's run time for backpressure (S-W3).
+	took func(time.Duration)
+
+	// handOver passes a run's slot to its reserved successor, and
+	// holdSlot keeps it for one that may come (handovers).
+	handOver func(*taskRun) *taskRun
+	holdSlot func(*taskRun) bool
+	// freeOwed frees a run's slot, owed to the complete call that will
+	// carry its result (producer.freeOwed); queue hands the result to
+	// the completer (completer.queue).
+	freeOwed func(*taskRun)
+	queue    func(*taskRun)
+	// finishRun ends a run that leaves no result to send
+	// (Worker.finishRun).
+	finishRun func(*taskRun)
+	// remove takes a run out of the held runs (heldRuns.remove), and
+	// releaseQuietly hands its task back when the server may have taken
+	// it back already (Worker.releaseQuietly).
+	remove         func(*taskRun) bool
+	releaseQuietly func(workerID string, ids []int64)
+	// markActive notes activity for MaxIdle (Worker.markActive).
+	markActive func()
+}
+
+// newExecutor returns an executor making the calls in (executorInputs)
+// to the rest of the worker; Run gives it the handlers (prepare).
+func newExecutor(in executorInputs) *executor {
+	return &executor{executorInputs: in}
+}
+
+// prepare builds what running each registered kind needs, with the
+// worker's metrics (nil without a Registerer). Run calls it before any
+// task is claimed.
+func (e *executor) prepare(handlers map[string]HandlerFunc, m *workerMetrics) {
+	e.metrics = m
+	e.kinds = make(map[string]*kindRunner, len(handlers))
+	for k, h := range handlers {
+		e.kinds[k] = &kindRunner{h: h, m: m.forKind(k)}
+	}
+}
+
+// handles reports whether a handler is registered for kind.
+func (e *executor) handles(kind string) bool { return e.kinds[kind] != nil }
+
+// start runs tr's handler in a goroutine of its own, on a slot the
+// producer took for it.
+func (e *executor) start(tr *taskRun) {
+	e.tasks.Add(1)
+	go e.run(tr)
+}
+
+// startSuccessor runs reserved successor tr's handler in a goroutine of
+// its own, on the slot its predecessor handed over (its state already
+// running).
+func (e *executor) startSuccessor(tr *taskRun) {
+	e.tasks.Add(1)
+	go e.runSuccessor(tr)
 }
 
 // kindRunner is what running a task of one kind needs.
@@ -43,13 +120,11 @@ const serverTimeoutSkew = 250 * time.Millisecond
 // run executes one claimed attempt, on a slot taken for it in
 // producer.start.
 func (e *executor) run(tr *taskRun) {
-	w := e.w
 	defer e.tasks.Done()
-	if w.stopping.Load() || !tr.state.CompareAndSwap(stClaimed, stRunning) {
+	if e.stopping() || !tr.state.CompareAndSwap(stClaimed, stRunning) {
 		// Left for the shutdown to release, or already lost.
-		w.compl.linger.returned(tr)
-		w.chains.endRun(tr)
-		w.prod.freeSlot()
+		e.returned(tr)
+		e.finishRun(tr)
 		return
 	}
 	e.execute(tr)
@@ -66,8 +141,7 @@ func (e *executor) runSuccessor(tr *taskRun) {
 // its reserved successor, if any, or frees it for the claim of the call
 // that will carry its result, and queues its result.
 func (e *executor) execute(tr *taskRun) {
-	w := e.w
-	if !w.lease.leaseHeld(tr.inc) {
+	if !e.leaseHeld(tr.inc) {
 		// The last check before the handler: the process may have
 		// been frozen since the task was claimed or handed its slot.
 		e.notStarted(tr)
@@ -75,7 +149,7 @@ func (e *executor) execute(tr *taskRun) {
 	}
 	kr := e.kinds[tr.tc.Kind]
 	if kr == nil {
-		kr = &kindRunner{m: w.metrics.forKind(tr.tc.Kind)}
+		kr = &kindRunner{m: e.metrics.forKind(tr.tc.Kind)}
 	}
 	start := time.Now()
 	tr.tc.StartedAt = start
@@ -86,9 +160,9 @@ func (e *executor) execute(tr *taskRun) {
 		defer cancel()
 	}
 	out, err := e.call(ctx, tr, kr.h)
-	w.compl.linger.returned(tr)
+	e.returned(tr)
 	took := time.Since(start)
-	w.bp.lat.record(took)
+	e.took(took)
 
 	r := &tr.result
 	r.TaskID, r.Attempt = tr.tc.ID, tr.tc.Attempt
@@ -97,14 +171,12 @@ func (e *executor) execute(tr *taskRun) {
 		switch cause := context.Cause(ctx); {
 		case cause == errShutdown:
 			// Released by the shutdown: it did not complete here.
-			w.chains.endRun(tr)
-			w.prod.freeSlot()
+			e.finishRun(tr)
 			return
 		case cause == errLeaseLost:
 			// Dropped by whoever cancelled it.
 			kr.m.finished(outcomeLost, took)
-			w.chains.endRun(tr)
-			w.prod.freeSlot()
+			e.finishRun(tr)
 			return
 		case cause == errServerCancel:
 			r.Error, r.NoRetry = "cancelled", true
@@ -146,20 +218,18 @@ func (e *executor) execute(tr *taskRun) {
 		if tr.state.Load() == stLost {
 			kr.m.finished(outcomeLost, took)
 		}
-		w.chains.endRun(tr)
-		w.prod.freeSlot()
+		e.finishRun(tr)
 		return
 	}
 	kr.m.finished(outcome, took)
-	next := w.chains.handOver(tr)
+	next := e.handOver(tr)
 	if next != nil {
 		// The slot passes on: no free slot in between, so the claim
 		// loop never sees it and in-flight stays the same.
-		w.markActive()
-		e.tasks.Add(1)
-		go e.runSuccessor(next)
-	} else if !w.chains.holdSlot(tr) {
-		w.prod.freeOwed(tr)
+		e.markActive()
+		e.startSuccessor(next)
+	} else if !e.holdSlot(tr) {
+		e.freeOwed(tr)
 	}
 	// A result never goes before its predecessor's: the server starts
 	// this task only when it records that one (in a call before this
@@ -167,7 +237,7 @@ func (e *executor) execute(tr *taskRun) {
 	if tr.predQueued != nil {
 		<-tr.predQueued
 	}
-	w.compl.queue(tr)
+	e.queue(tr)
 	if next != nil {
 		close(next.predQueued)
 	}
@@ -178,19 +248,15 @@ func (e *executor) execute(tr *taskRun) {
 // taken it back already) and its slot freed; whatever was reserved
 // behind it goes back with it on the server.
 func (e *executor) notStarted(tr *taskRun) {
-	w := e.w
-	w.compl.linger.returned(tr)
+	e.returned(tr)
 	if tr.state.CompareAndSwap(stRunning, stLost) {
 		tr.cancel(errLeaseLost)
-		w.held.mu.Lock()
-		w.held.removeLocked(tr)
-		w.held.mu.Unlock()
-		w.log.Warn("not starting a claimed task: the lease may have expired (was the process frozen?); released it",
-			"task_id", tr.tc.ID, "lease_age", tr.inc.age(w.lease.now()).Round(time.Millisecond))
-		w.releaseQuietly(tr.inc.id, []int64{tr.tc.ID})
+		e.remove(tr)
+		e.log.Warn("not starting a claimed task: the lease may have expired (was the process frozen?); released it",
+			"task_id", tr.tc.ID, "lease_age", tr.inc.age(e.now()).Round(time.Millisecond))
+		e.releaseQuietly(tr.inc.id, []int64{tr.tc.ID})
 	}
-	w.chains.endRun(tr)
-	w.prod.freeSlot()
+	e.finishRun(tr)
 }
 
 // call runs the handler h, turning a panic into an error.
@@ -200,11 +266,11 @@ func (e *executor) call(ctx context.Context, tr *taskRun, h HandlerFunc) (out js
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			e.w.log.Error("handler panicked", "task_id", tr.tc.ID, "kind", tr.tc.Kind, "panic", p, "stack", string(debug.Stack()))
+			e.log.Error("handler panicked", "task_id", tr.tc.ID, "kind", tr.tc.Kind, "panic", p, "stack", string(debug.Stack()))
 			out, err = nil, fmt.Errorf("panic: %v", p)
 		}
 	}()
-	tr.hctx = handlerContext{Context: ctx, tc: &tr.tc, w: e.w, tr: tr} // for TaskFromContext and the child calls
+	tr.hctx = e.handlerCtx(ctx, tr) // for TaskFromContext and the child calls
 	return h(&tr.hctx, &tr.tc)
 }
 

@@ -1,15 +1,22 @@
 package sluice
 
+import "log/slog"
+
 // Hand-over chains (QueueParams.Handover), from the worker's side. The
 // server reserves a waiting task for this worker behind a running one (a
 // claimed task with After set); the producer attaches it to its
-// predecessor's run (attachLocked), the executor starts it on the
+// predecessor's run (heldRuns.admit), the executor starts it on the
 // predecessor's slot the moment that handler ends (handOver), and the
 // completer reports the predecessor's result naming it (TaskResult.Next)
 // and acts on the server's answer (settleHandovers, releaseHeld).
+//
+// The links are held runs' state, read and changed only under their lock
+// by heldRuns' methods (worker_held.go); the handovers role below decides
+// whether a successor may start and does what follows outside the lock:
+// releases, and freeing kept slots.
 
 // handoverLink is a run's place in a hand-over chain. It is embedded in
-// taskRun; all of it is guarded by heldRuns.mu, but for pred and
+// taskRun; all of it is held runs' state (heldRuns), but for pred and
 // predQueued.
 type handoverLink struct {
 	next  *taskRun // the reserved successor waiting for this run's slot
@@ -31,115 +38,90 @@ type handoverLink struct {
 	succ                    *taskRun
 }
 
-// handovers moves slots along hand-over chains. Its state is each run's
-// handoverLink, under the held runs' lock: a chain never outlives the
-// runs it links.
+// handovers moves slots along hand-over chains: it says whether a
+// reserved successor may start on its predecessor's slot, and releases
+// the successors that may not and frees the slots kept for successors
+// that did not come. The chains are held runs' state (heldRuns).
 type handovers struct {
-	w *Worker // for the held runs, the lease and the other roles
+	handoverInputs
 }
 
-// attachLocked attaches tr, a reserved successor a claim brought behind
-// the task after (ClaimedTask.After), to its predecessor's run. It
-// reports whether tr is to be held (else it is released: the server
-// queues it again) and whether it starts now, on the slot its
-// predecessor kept for it (tr's state is running then). h.w.held.mu must
-// be held.
-func (h *handovers) attachLocked(tr *taskRun, after int64, launch bool) (attached, startNow bool) {
-	w := h.w
-	pred := w.held.byID[after]
-	switch {
-	case pred == nil || pred.next != nil || pred.succ != nil || after == tr.tc.ID || w.exec.kinds[tr.tc.Kind] == nil:
-		// Late, or not ours to run: the server reserves the head of
-		// the wait list, whatever its kind.
-		return false, false
-	case !pred.ended && (pred.state.Load() == stClaimed || pred.state.Load() == stRunning):
-		pred.next = tr // in time: it starts when pred ends
-		return true, false
-	case pred.ended && pred.slotHeld && !pred.inCall && pred.state.Load() == stDone && launch && !w.stopping.Load():
-		// Late: pred has ended, but kept its slot and its result
-		// waits for the call that brought this one. Name it in
-		// that result and start it now on pred's slot: the
-		// server passes it pred's slots when it records that
-		// result.
-		pred.result.Next, pred.succ, tr.pred = tr.tc.ID, tr, pred
-		pred.slotHeld = false
-		tr.state.Store(stRunning)
-		return true, true
-	default:
-		return false, false
-	}
+// handoverInputs are the calls the hand-over chains make to the rest of
+// the worker.
+type handoverInputs struct {
+	log  *slog.Logger // replaced by Run once the worker has an id
+	held *heldRuns    // the chains' links, under its lock
+	// stopping: the worker is shutting down (no successor starts).
+	stopping func() bool
+	// holding: backpressure holds the claim size down (no successor
+	// starts: the slot goes back through a claim, which it paces).
+	holding func() bool
+	// leaseHeld: tasks claimed under a registration may start
+	// (leaseKeeper.leaseHeld).
+	leaseHeld func(*incarnation) bool
+	// releaseQuietly hands tasks back that the server may have taken
+	// back already (Worker.releaseQuietly).
+	releaseQuietly func(workerID string, ids []int64)
+	// freeOwed frees a kept slot, owed to the complete call that will
+	// carry its run's result (producer.freeOwed).
+	freeOwed func(*taskRun)
 }
 
-// handOver ends the handler of tr (state done, result not queued yet):
-// it detaches tr's reserved successor and, unless the worker is stopping
-// or the successor was lost or released meanwhile, marks it running on
-// tr's slot, names it in tr's result (TaskResult.Next) and returns it.
-// A successor that does not start takes the tasks reserved behind it
-// along (dropChainLocked).
+func newHandovers(in handoverInputs) *handovers {
+	return &handovers{handoverInputs: in}
+}
+
+// handOver ends the handler of tr (state done, result not queued yet)
+// and returns the reserved successor that starts on its slot, if any
+// (heldRuns.handOver). None starts while the worker is stopping or under
+// backpressure (it is handed back, as the shutdown does with every
+// unstarted task unless it got there first; under backpressure the
+// freed slot goes back through a claim, which backpressure paces), nor
+// when the lease may have expired (the process was frozen, or
+// heartbeats fail: the server may have given the successor to another
+// worker already; it is handed back unstarted).
 func (h *handovers) handOver(tr *taskRun) *taskRun {
-	w := h.w
-	var release []int64
-	var releaseID string
-	w.held.mu.Lock()
-	next := tr.next
-	tr.ended = true
-	switch {
-	case next == nil:
-	case w.stopping.Load() || w.bp.holding():
-		// Unstarted at shutdown: hand it back, as the shutdown does with
-		// every unstarted task (unless it got there first). Under
-		// backpressure too: the freed slot goes back through a claim,
-		// which backpressure paces.
-		release, releaseID = h.dropChainLocked(tr, stReleased, errShutdown), next.inc.id
-		next = nil
-	case !w.lease.leaseHeld(next.inc):
-		// The lease may have expired (the process was frozen, or
-		// heartbeats fail): the server may have given the successor to
-		// another worker already. Hand it back unstarted.
-		release, releaseID = h.dropChainLocked(tr, stReleased, errLeaseLost), next.inc.id
-		next = nil
-	case next.ctx.Err() != nil || tr.state.Load() == stLost:
-		// Cancelled by the server while reserved: it has ended there
-		// already, so it neither starts nor goes back. Or tr was lost
-		// since its handler ended (lease, or its own hand-over answered
-		// "lost"): the server took its successors back with it.
-		h.dropChainLocked(tr, stLost, errLeaseLost)
-		next = nil
-	case !next.state.CompareAndSwap(stClaimed, stRunning):
-		// Lost or released meanwhile: what it would have handed over
-		// to goes with it.
-		h.dropChainLocked(tr, stLost, errLeaseLost)
-		next = nil
-	default:
-		// Under the held runs' lock with the checks above, so that
-		// settleHandovers finds through succ every run a lost hand-over
-		// started.
-		tr.next = nil
-		tr.result.Next = next.tc.ID
-		tr.succ = next
-		next.pred = tr
-		next.predQueued = make(chan struct{})
-	}
-	w.held.mu.Unlock()
+	next, release, releaseID := h.held.handOver(tr, h.mayStart)
 	if len(release) > 0 {
-		w.releaseQuietly(releaseID, release)
+		h.releaseQuietly(releaseID, release)
 	}
 	return next
+}
+
+// mayStart says why next may not start on its predecessor's slot (nil:
+// it may), as the cause its context is cancelled with.
+func (h *handovers) mayStart(next *taskRun) error {
+	switch {
+	case h.stopping() || h.holding():
+		return errShutdown
+	case !h.leaseHeld(next.inc):
+		return errLeaseLost
+	}
+	return nil
 }
 
 // holdSlot keeps tr's slot taken when tr ended with no successor while
 // the call carrying its predecessor's result is in flight: that call's
 // answer may bring tr's successor (reserved when tr was handed its slot),
-// which then starts on the slot (attachLocked). The completer frees the
-// slot when the call returns without one (releaseHeld).
+// which then starts on the slot (heldRuns.attachLocked). The completer
+// frees the slot when the call returns without one (releaseHeld).
 func (h *handovers) holdSlot(tr *taskRun) bool {
-	h.w.held.mu.Lock()
-	defer h.w.held.mu.Unlock()
-	if tr.pred == nil || tr.pred.acked || tr.pred.succ != tr || h.w.stopping.Load() {
-		return false
+	return h.held.holdSlot(tr, h.stopping)
+}
+
+// inCall marks the results of batch taken into a complete call
+// (heldRuns.inCall) and returns the runs of batch. A successor whose
+// result follows its predecessor's in batch (WorkerRegistration.ChainResults)
+// and that kept its slot for a successor of its own (holdSlot) frees the
+// slot now, owed to batch: the server reserves nothing after a task that
+// ended in the same call, so the call asks for a task for that slot
+// instead.
+func (h *handovers) inCall(batch []*taskRun) map[*taskRun]bool {
+	in, freed := h.held.inCall(batch)
+	for _, tr := range freed {
+		h.freeOwed(tr)
 	}
-	tr.slotHeld = true
-	return true
+	return in
 }
 
 // releaseHeld notes that the calls carrying sent have returned, and
@@ -148,71 +130,15 @@ func (h *handovers) holdSlot(tr *taskRun) bool {
 // which goes in a later call (it waited for this one): that call claims
 // for it.
 func (h *handovers) releaseHeld(sent []*taskRun) {
-	var freed []*taskRun
-	h.w.held.mu.Lock()
-	for _, tr := range sent {
-		tr.acked = true
-		if s := tr.succ; s != nil {
-			tr.succ = nil
-			if s.slotHeld {
-				s.slotHeld = false
-				freed = append(freed, s)
-			}
-		}
+	for _, s := range h.held.acked(sent) {
+		h.freeOwed(s)
 	}
-	h.w.held.mu.Unlock()
-	for _, s := range freed {
-		h.w.prod.freeOwed(s)
-	}
-}
-
-// endRun notes that tr's handler has ended (or will never run) without a
-// result to send, and settles its reserved successors: lost with tr when
-// tr's lease is lost (the server took the reservations back with it);
-// otherwise left held and unstarted, for the shutdown to release.
-func (h *handovers) endRun(tr *taskRun) {
-	h.w.held.mu.Lock()
-	defer h.w.held.mu.Unlock()
-	tr.ended = true
-	if tr.state.Load() == stLost {
-		h.dropChainLocked(tr, stLost, errLeaseLost)
-	}
-	tr.next = nil
-}
-
-// dropChainLocked detaches the reserved successors behind tr (tr.next,
-// its next, and so on) and drops each that is still unstarted: its state
-// becomes st, its context is cancelled with cause and it leaves held. The
-// server reserves each after the one before and takes the rest of a
-// chain back when a link stops being reserved, so a chain never outlives
-// its head here. None has started (handOver detaches a successor before
-// starting it), and none holds a slot. It returns the ids it took out of
-// held, in chain order, for a release call when st is stReleased; one
-// held again under a newer run (the server handed it out again) is left
-// to that run. h.w.held.mu must be held.
-func (h *handovers) dropChainLocked(tr *taskRun, st int32, cause error) []int64 {
-	var ids []int64
-	for s := tr; s.next != nil; {
-		n := s.next
-		s.next = nil
-		n.ended = true // a successor arriving for it now is late
-		if n.state.CompareAndSwap(stClaimed, st) {
-			n.cancel(cause)
-			if h.w.held.removeLocked(n) {
-				ids = append(ids, n.tc.ID)
-			}
-		}
-		// A link decided already (lost or released) may still have
-		// successors of its own behind it.
-		s = n
-	}
-	return ids
 }
 
 // settleHandovers acts on the acks of a complete call: a successor whose
 // start the server did not confirm (ResultAck.Next "lost": cancelled
 // meanwhile, or the result was stale) is stopped as on a lost lease, its
-// result dropped.
+// result dropped (heldRuns.dropLost).
 func (h *handovers) settleHandovers(sent []*taskRun, acks []ResultAck) {
 	var lost map[int64]bool
 	for _, a := range acks {
@@ -226,23 +152,8 @@ func (h *handovers) settleHandovers(sent []*taskRun, acks []ResultAck) {
 	if lost == nil {
 		return
 	}
-	h.w.held.mu.Lock()
-	defer h.w.held.mu.Unlock()
-	for _, tr := range sent {
-		next := tr.succ // cleared only once this call has returned (releaseHeld)
-		if next == nil || !lost[tr.tc.ID] {
-			continue
-		}
-		h.w.log.Warn("the server did not start the successor handed this task's slot; stopped it and dropped its result",
-			"task_id", tr.tc.ID, "next", next.tc.ID)
-		// What next handed its own slot to ran on the server's
-		// reservation behind next, which the server took back with it:
-		// stop it too, and drop whatever waits behind each.
-		for s := next; s != nil; s = s.succ {
-			s.state.Store(stLost)
-			s.cancel(errLeaseLost)
-			h.w.held.removeLocked(s)
-			h.dropChainLocked(s, stLost, errLeaseLost)
-		}
+	for _, s := range h.held.dropLost(sent, lost) {
+		h.log.Warn("the server did not start the successor handed this task's slot; stopped it and dropped its result",
+			"task_id", s.task, "next", s.next)
 	}
 }

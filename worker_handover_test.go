@@ -191,9 +191,7 @@ func TestWorkerHandoverLostAckStopsSuccessor(t *testing.T) {
 		require.Zero(t, f.reported[ids[1]], "a lost successor's result is dropped")
 		require.NotContains(t, f.released, ids[1])
 	})
-	w.held.mu.Lock()
-	defer w.held.mu.Unlock()
-	require.Empty(t, w.held.byID)
+	require.Empty(t, heldIDs(w))
 }
 
 // A graceful shutdown releases a reserved successor at once, with the

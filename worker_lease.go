@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -40,13 +41,17 @@ import (
 // under the incarnation that claimed it.
 type incarnation struct {
 	id string
+	// chainResults: the server takes a chain's results in one complete
+	// call (WorkerRegistration.ChainResults).
+	chainResults bool
 
 	mu sync.Mutex
 	ok time.Time // send time of the latest call that extended the lease
 }
 
-func newIncarnation(id string, sent time.Time) *incarnation {
-	return &incarnation{id: id, ok: sent}
+// newIncarnation is the registration reg, made by a call sent at sent.
+func newIncarnation(reg *WorkerRegistration, sent time.Time) *incarnation {
+	return &incarnation{id: reg.ID, chainResults: reg.ChainResults, ok: sent}
 }
 
 // extended records that a call sent at sent extended the lease.
@@ -87,7 +92,7 @@ func elapsed(a, b time.Time) time.Duration {
 // forgot the worker. Every role asks it whether a task may start
 // (leaseHeld).
 type leaseKeeper struct {
-	w *Worker // for the backend, the held runs and the other roles
+	leaseInputs
 
 	// inc is the current registration: id and lease evidence. Replaced
 	// when the worker registers again.
@@ -97,6 +102,53 @@ type leaseKeeper struct {
 	// lossAfter is LeaseLossAfter as Run resolved it.
 	lossAfter time.Duration
 	regMu     sync.Mutex // serialises registering again (reregister)
+}
+
+// leaseInputs are the calls the lease keeper makes to the rest of the
+// worker.
+type leaseInputs struct {
+	log *slog.Logger // replaced by Run once the worker has an id
+	// b makes the registration and heartbeat calls (the worker's
+	// Backend); server names the server for logs (serverOf).
+	b interface {
+		RegisterWorker(ctx context.Context, p RegisterWorkerParams) (*WorkerRegistration, error)
+		Heartbeat(ctx context.Context, workerID string, p HeartbeatParams) (*HeartbeatResult, error)
+	}
+	server func() string
+	// registration is what the worker registers with
+	// (Worker.registration).
+	registration   func() RegisterWorkerParams
+	connectTimeout time.Duration // WorkerConfig.ConnectTimeout
+	slots          int           // WorkerConfig.Slots, for heartbeats
+
+	// The held runs' (heldRuns): the runs to list in a heartbeat, to
+	// lose when their lease is gone, and to cancel when the server
+	// says so.
+	snapshot func(ids []int64, runs map[int64]*taskRun) []int64
+	lose     func(ids []int64, snapshot map[int64]*taskRun) int
+	cancel   func(ids []int64, cause error)
+	// The producer's, for heartbeats: its free slots, and which claim
+	// calls have settled (claimSeqs.settled).
+	freeSlots     func() int64
+	claimsSettled func() (last int64, pending []int64)
+	// load samples backpressure and reads its figures, for heartbeats.
+	load heartbeatLoad
+	// releaseQuietly hands back tasks that the server may have taken
+	// back already (Worker.releaseQuietly).
+	releaseQuietly func(workerID string, ids []int64)
+}
+
+// heartbeatLoad is what a heartbeat reports of backpressure (S-W3).
+type heartbeatLoad interface {
+	sampleIfDue(now time.Time)
+	memoryRatio() float64
+	p99Latency() time.Duration
+}
+
+// newLeaseKeeper returns a lease keeper, not registered yet, making the
+// calls in (leaseInputs) to the rest of the worker.
+func newLeaseKeeper(in leaseInputs) *leaseKeeper {
+	return &leaseKeeper{leaseInputs: in}
 }
 
 // now reads the worker's clock (WorkerConfig has none to set: tests set
@@ -111,6 +163,15 @@ func (k *leaseKeeper) now() time.Time {
 // current is the worker's incarnation (nil before Run registers it).
 func (k *leaseKeeper) current() *incarnation { return k.inc.Load() }
 
+// id is the id the server gave the worker, or "" before Run has
+// registered it.
+func (k *leaseKeeper) id() string {
+	if in := k.current(); in != nil {
+		return in.id
+	}
+	return ""
+}
+
 // leaseHeld reports whether tasks claimed under in may start or go on
 // running now: in is still the worker's incarnation, and a call that
 // extended its lease was sent less than LeaseLossAfter ago.
@@ -118,44 +179,9 @@ func (k *leaseKeeper) leaseHeld(in *incarnation) bool {
 	return in != nil && in == k.current() && in.age(k.now()) < k.lossAfter
 }
 
-// loseTasks stops held tasks whose lease is gone and forgets them: their
-// results are dropped. With ids nil, it loses every held task that has not
-// produced a result yet; results already produced are still sent, for the
-// server to accept or call stale. Otherwise it loses the runs of ids that
-// are still those in snapshot (held when the heartbeat that reported them
-// was sent).
-func (k *leaseKeeper) loseTasks(ids []int64, snapshot map[int64]*taskRun) int {
-	held, chains := &k.w.held, k.w.chains
-	held.mu.Lock()
-	defer held.mu.Unlock()
-	// The server takes back what it reserved behind a lost task too.
-	lose := func(id int64, tr *taskRun) int {
-		tr.state.Store(stLost)
-		tr.cancel(errLeaseLost)
-		delete(held.byID, id)
-		return 1 + len(chains.dropChainLocked(tr, stLost, errLeaseLost))
-	}
-	n := 0
-	if ids == nil {
-		for id, tr := range held.byID {
-			if tr.state.CompareAndSwap(stClaimed, stLost) || tr.state.CompareAndSwap(stRunning, stLost) {
-				n += lose(id, tr)
-			}
-		}
-		return n
-	}
-	for _, id := range ids {
-		if tr := held.byID[id]; tr != nil && tr == snapshot[id] {
-			n += lose(id, tr)
-		}
-	}
-	return n
-}
-
 // heartbeatLoop extends the leases of every held task and reports the
 // worker's capacity every interval until stop is closed (S-W4).
 func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, interval, lossAfter time.Duration) {
-	w := k.w
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var heldIDs []int64
@@ -171,22 +197,16 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 		// Every claim numbered up to settled, but those pending, has been
 		// answered (its tasks are in held) or failed; read before the
 		// snapshot of held.
-		settled, pending := w.prod.seqs.settled()
-		heldIDs = heldIDs[:0]
+		settled, pending := k.claimsSettled()
 		clear(snapshot)
-		w.held.mu.Lock()
-		for id, tr := range w.held.byID {
-			heldIDs = append(heldIDs, id)
-			snapshot[id] = tr
-		}
-		w.held.mu.Unlock()
-		w.bp.sampleIfDue(time.Now())
+		heldIDs = k.snapshot(heldIDs[:0], snapshot)
+		k.load.sampleIfDue(time.Now())
 		p := HeartbeatParams{
-			Slots:           w.cfg.Slots,
-			FreeSlots:       max(0, int(w.prod.free.Load())), // below 0 for a moment after a child wait (producer.takeSlot)
+			Slots:           k.slots,
+			FreeSlots:       max(0, int(k.freeSlots())), // below 0 for a moment after a child wait (producer.takeSlot)
 			Held:            heldIDs,
-			MemoryUsedRatio: w.bp.memoryRatio(),
-			P99Latency:      Duration(w.bp.p99Latency()),
+			MemoryUsedRatio: k.load.memoryRatio(),
+			P99Latency:      Duration(k.load.p99Latency()),
 			ClaimsSettled:   settled,
 			ClaimsPending:   pending,
 		}
@@ -195,7 +215,7 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 		hctx, cancel := context.WithTimeout(ctx, lossAfter)
 		in := k.current()
 		sent := k.now()
-		res, err := w.b.Heartbeat(hctx, in.id, p)
+		res, err := k.b.Heartbeat(hctx, in.id, p)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -204,7 +224,7 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 			if errors.Is(err, ErrNotFound) && k.reregister(ctx, in.id) {
 				continue
 			}
-			w.log.Error("heartbeat failed", "err", err, "failing_for", in.age(k.now()).Round(time.Millisecond))
+			k.log.Error("heartbeat failed", "err", err, "failing_for", in.age(k.now()).Round(time.Millisecond))
 			continue
 		}
 		// The server extended the lease no earlier than the send.
@@ -215,11 +235,11 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 			// the runs the snapshot named are lost: the server may have
 			// handed a task out here again since (a retry), and that
 			// later attempt is not what it reports lost.
-			if n := k.loseTasks(res.Lost, snapshot); n > 0 {
-				w.log.Warn("server reports lost leases; stopped those tasks", "count", n)
+			if n := k.lose(res.Lost, snapshot); n > 0 {
+				k.log.Warn("server reports lost leases; stopped those tasks", "count", n)
 			}
 		}
-		w.held.cancel(res.Cancel, errServerCancel)
+		k.cancel(res.Cancel, errServerCancel)
 	}
 }
 
@@ -232,8 +252,7 @@ func (k *leaseKeeper) heartbeatLoop(ctx context.Context, stop <-chan struct{}, i
 // of the call that made it, from which the lease of that incarnation
 // counts; registered is false, with a nil error, when ctx was done first.
 func (k *leaseKeeper) registerAtStart(ctx context.Context) (reg *WorkerRegistration, sent time.Time, registered bool, err error) {
-	w := k.w
-	timeout := w.cfg.ConnectTimeout
+	timeout := k.connectTimeout
 	// rctx bounds the attempts and the waits between them, a call in
 	// flight too (a server that accepts connections but does not answer
 	// yet, e.g. still migrating, must not outlast the timeout).
@@ -243,17 +262,17 @@ func (k *leaseKeeper) registerAtStart(ctx context.Context) (reg *WorkerRegistrat
 		rctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	server := serverOf(w.b)
+	server := k.server()
 	start := time.Now()
 	backoff := claimBackoffMin
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
 		sent = k.now()
-		reg, err = w.b.RegisterWorker(rctx, w.registration())
+		reg, err = k.b.RegisterWorker(rctx, k.registration())
 		switch {
 		case err == nil:
 			if attempt > 1 {
-				w.log.Info("reached the server; registering worked", "server", server, "attempts", attempt,
+				k.log.Info("reached the server; registering worked", "server", server, "attempts", attempt,
 					"waited", time.Since(start).Round(time.Millisecond))
 			}
 			return reg, sent, true, nil
@@ -272,7 +291,7 @@ func (k *leaseKeeper) registerAtStart(ctx context.Context) (reg *WorkerRegistrat
 		if timeout > 0 {
 			args = append(args, "connect_timeout", timeout)
 		}
-		w.log.Warn("cannot register with the server yet; retrying", args...)
+		k.log.Warn("cannot register with the server yet; retrying", args...)
 		if timer == nil {
 			timer = time.NewTimer(d)
 			defer timer.Stop()
@@ -348,22 +367,20 @@ func inServer(url string) string {
 // whether the worker is registered again (also when another loop did it
 // first).
 func (k *leaseKeeper) reregister(ctx context.Context, staleID string) bool {
-	w := k.w
 	k.regMu.Lock()
 	defer k.regMu.Unlock()
-	if w.ID() != staleID {
+	if k.id() != staleID {
 		return true // done already
 	}
-	n := k.loseTasks(nil, nil)
+	n := k.lose(nil, nil)
 	sent := k.now()
-	reg, err := w.b.RegisterWorker(ctx, w.registration())
+	reg, err := k.b.RegisterWorker(ctx, k.registration())
 	if err != nil {
-		w.log.Error("registering again after the server forgot this worker", "err", err)
+		k.log.Error("registering again after the server forgot this worker", "err", err)
 		return false
 	}
-	w.compl.chainResults.Store(reg.ChainResults)
-	k.inc.Store(newIncarnation(reg.ID, sent))
-	w.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
+	k.inc.Store(newIncarnation(reg, sent))
+	k.log.Warn("the server forgot this worker (lease expired); stopped its tasks and registered again",
 		"stale_worker_id", staleID, "new_worker_id", reg.ID, "tasks_dropped", n)
 	return true
 }
@@ -392,8 +409,8 @@ func (k *leaseKeeper) leaseWatchdog(ctx context.Context, stop <-chan struct{}, l
 			t.Reset(lossAfter - failing)
 			continue
 		}
-		if n := k.loseTasks(nil, nil); n > 0 {
-			k.w.log.Error("no call extended the lease for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
+		if n := k.lose(nil, nil); n > 0 {
+			k.log.Error("no call extended the lease for lease-loss-after; presuming the leases lost, stopped every task and dropped its result",
 				"tasks", n, "failing_for", failing.Round(time.Millisecond), "lease_loss_after", lossAfter)
 		}
 		t.Reset(lossAfter)
@@ -408,7 +425,7 @@ func (k *leaseKeeper) releaseStale(in *incarnation, tasks []ClaimedTask, why str
 	for i, t := range tasks {
 		ids[i] = t.ID
 	}
-	k.w.log.Warn("claimed tasks arrived after the lease may have expired; released them unstarted",
+	k.log.Warn("claimed tasks arrived after the lease may have expired; released them unstarted",
 		"count", len(ids), "why", why, "lease_age", in.age(k.now()).Round(time.Millisecond))
-	k.w.releaseQuietly(in.id, ids)
+	k.releaseQuietly(in.id, ids)
 }

@@ -185,10 +185,7 @@ func TestWorkerStaleHandover(t *testing.T) {
 	f.locked(func() { f.claimErrs = 1 << 30 })
 	var reserved bool
 	require.Eventually(t, func() bool {
-		w.held.mu.Lock()
-		defer w.held.mu.Unlock()
-		p := w.held.byID[ids[0]]
-		reserved = p != nil && p.next != nil && p.next.tc.ID == ids[1]
+		reserved = w.held.peek(ids[0], func(p *taskRun) bool { return p != nil && p.next != nil && p.next.tc.ID == ids[1] })
 		return reserved
 	}, waitFor, tick, "the successor is held behind the running task")
 	clock.advance(2 * testLease) // frozen while the predecessor ran

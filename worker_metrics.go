@@ -62,7 +62,9 @@ type kindMetrics struct {
 
 // newWorkerMetrics registers the worker's collectors on reg. On an error
 // nothing stays registered.
-func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, error) {
+// bp and slots give the backpressure and capacity gauges, running the
+// slots taken (producer.running).
+func newWorkerMetrics(reg prometheus.Registerer, bp *backpressure, slots int, running func() int64) (*workerMetrics, error) {
 	m := &workerMetrics{reg: reg}
 	all := newWithAliases()
 	completedOpts := prometheus.CounterOpts{
@@ -95,8 +97,6 @@ func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, err
 	}
 	m.claimSize = prometheus.NewHistogram(claimSizeOpts)
 	all.add(m.claimSize, prometheus.Opts{Name: claimSizeOpts.Name, Help: claimSizeOpts.Help})
-	bp := w.bp
-	slots := float64(w.cfg.Slots)
 	gauge := func(opts prometheus.GaugeOpts, f func() float64) {
 		opts.Namespace = metricsNamespace
 		all.add(prometheus.NewGaugeFunc(opts, f), prometheus.Opts(opts))
@@ -104,11 +104,11 @@ func newWorkerMetrics(reg prometheus.Registerer, w *Worker) (*workerMetrics, err
 	gauge(prometheus.GaugeOpts{
 		Name: "worker_in_flight_tasks",
 		Help: "Tasks holding a slot of this worker (claimed and not yet finished).",
-	}, func() float64 { return slots - float64(w.prod.free.Load()) })
+	}, func() float64 { return float64(running()) })
 	gauge(prometheus.GaugeOpts{
 		Name: "worker_slots",
 		Help: "Most tasks this worker runs at once.",
-	}, func() float64 { return slots })
+	}, func() float64 { return float64(slots) })
 	gauge(prometheus.GaugeOpts{
 		Name: "worker_claim_size_limit",
 		Help: "Most tasks the next claim may ask for: the claim batch, halved by backpressure.",

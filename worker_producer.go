@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,7 @@ import (
 // queue, runs of 3–60 tasks a call instead of 600 (docs/benchmarks-history.md,
 // "The claim-loop cliff").
 type producer struct {
-	w *Worker // for the backend, the held runs and the other roles
+	producerInputs
 
 	// free counts free slots, owed ones included. The claim loop and
 	// claims riding on completions take them; the server never hands out
@@ -60,8 +61,80 @@ type producer struct {
 	seqs claimSeqs // numbers of claim calls, for heartbeats' ClaimsSettled
 }
 
-func newProducer(w *Worker) *producer {
-	return &producer{w: w, slotFreed: make(chan struct{}, 1)}
+// producerInputs are the calls the producer makes to the rest of the
+// worker.
+type producerInputs struct {
+	log      *slog.Logger // replaced by Run once the worker has an id
+	slots    int64        // WorkerConfig.Slots
+	pollWait time.Duration
+	// b makes the claim calls (the worker's Backend).
+	b interface {
+		Claim(ctx context.Context, workerID string, p ClaimParams) (*ClaimResult, error)
+	}
+	// pace sizes claims (backpressure).
+	pace claimPacer
+
+	// The lease keeper's: the current registration and the worker's
+	// clock; whether tasks claimed under a registration may start; to
+	// register again when the server forgot the worker; and to hand back
+	// tasks that came too late to start.
+	current      func() *incarnation
+	now          func() time.Time
+	leaseHeld    func(*incarnation) bool
+	reregister   func(ctx context.Context, staleID string) bool
+	releaseStale func(in *incarnation, tasks []ClaimedTask, why string)
+
+	// admit holds the runs a claim brought (heldRuns.admit); cancel
+	// cancels held runs the server names (heldRuns.cancel).
+	admit  func(ctx context.Context, tasks []ClaimedTask, runs []taskRun, mayRun func(kind string) bool, startLate func() bool) (late []int64, startNow []*taskRun)
+	cancel func(ids []int64, cause error)
+	// runsCtx is the parent of every run's context (Worker.baseCtx,
+	// which Run sets).
+	runsCtx func() context.Context
+	// mayRun: a handler is registered for the kind (executor.handles).
+	mayRun func(kind string) bool
+	// run runs a claimed task's handler on the slot taken for it, and
+	// runSuccessor a reserved successor's on its predecessor's slot
+	// (executor.start, executor.startSuccessor).
+	run, runSuccessor func(*taskRun)
+	// launched counts handlers of claimed tasks in for ResultLinger
+	// (resultLinger.launch).
+	launched func(n int64)
+
+	// release and releaseNow hand tasks back (Worker.release,
+	// Worker.releaseNow).
+	release    func(ctx context.Context, ids []int64)
+	releaseNow func(ids []int64)
+	// claimed counts the tasks a claim brought (workerMetrics.claimed).
+	claimed func(n int)
+	// markActive notes activity for MaxIdle (Worker.markActive).
+	markActive func()
+	// stopping: the worker is shutting down (its claims ride no
+	// complete call, and what they bring is not started).
+	stopping func() bool
+}
+
+// claimPacer is what the producer asks backpressure (S-W3).
+type claimPacer interface {
+	claimLimit(now time.Time) (limit int, wait time.Duration)
+	piggybackLimit() int
+}
+
+// newProducer returns a producer with every slot free, making the calls
+// in (producerInputs) to the rest of the worker.
+func newProducer(in producerInputs) *producer {
+	p := &producer{producerInputs: in, slotFreed: make(chan struct{}, 1)}
+	p.free.Store(in.slots)
+	return p
+}
+
+// running is how many slots are taken (for logs and metrics).
+func (p *producer) running() int64 { return p.slots - p.free.Load() }
+
+// busy reports whether a slot is taken or lent to a handler waiting for a
+// child (MaxIdle).
+func (p *producer) busy() bool {
+	return p.free.Load() < p.slots || p.lends.waiting.Load() > 0
 }
 
 // claimLoop claims while ctx is live and there are free slots no result
@@ -73,7 +146,6 @@ func newProducer(w *Worker) *producer {
 // freed are owed to their call, which claims for them in the same
 // transaction; slots it may claim meanwhile are ones no call would.
 func (p *producer) claimLoop(ctx context.Context) {
-	w := p.w
 	backoff := claimBackoffMin
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -94,7 +166,7 @@ func (p *producer) claimLoop(ctx context.Context) {
 			}
 			continue
 		}
-		limit, wait := w.bp.claimLimit(time.Now())
+		limit, wait := p.pace.claimLimit(time.Now())
 		if wait > 0 {
 			pause(wait)
 			continue
@@ -103,21 +175,21 @@ func (p *producer) claimLoop(ctx context.Context) {
 		if n == 0 {
 			continue // a complete call's claim took them meanwhile
 		}
-		in := w.lease.current()
+		in := p.current()
 		seq := p.seqs.begin()
-		sent := w.lease.now()
-		res, err := w.b.Claim(ctx, in.id, ClaimParams{Max: int(n), Wait: Duration(w.cfg.PollWait), Seq: seq})
+		sent := p.now()
+		res, err := p.b.Claim(ctx, in.id, ClaimParams{Max: int(n), Wait: Duration(p.pollWait), Seq: seq})
 		if err != nil {
 			p.unreserve(n)
 			p.seqs.end(seq) // any tasks it claimed are lost with the answer
 			if ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, ErrNotFound) && w.lease.reregister(ctx, in.id) {
+			if errors.Is(err, ErrNotFound) && p.reregister(ctx, in.id) {
 				continue
 			}
 			d := retryWait(err, backoff)
-			w.log.Error("claiming tasks", "err", err, "retry_in", d)
+			p.log.Error("claiming tasks", "err", err, "retry_in", d)
 			pause(d)
 			backoff = min(backoff*2, claimBackoffMax)
 			continue
@@ -128,10 +200,10 @@ func (p *producer) claimLoop(ctx context.Context) {
 			// that found nothing may not have run one.)
 			in.extended(sent)
 		}
-		w.metrics.claimed(countRunNow(res.Tasks))
-		w.held.cancel(res.Cancel, errServerCancel)
+		p.claimed(countRunNow(res.Tasks))
+		p.cancel(res.Cancel, errServerCancel)
 		if len(res.Tasks) > 0 {
-			w.markActive()
+			p.markActive()
 			// Tasks that arrive as Run's context ends are not started:
 			// the shutdown releases them.
 			p.start(in, res.Tasks, n, ctx.Err() == nil)
@@ -151,11 +223,10 @@ func (p *producer) claimLoop(ctx context.Context) {
 // of task After, which starts it on its own slot the moment its handler
 // ends. One whose predecessor is not held here any more, or has ended
 // already (the answer came late), is released: the server queues it again
-// (handovers.attachLocked).
+// (heldRuns.attachLocked).
 func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, launch bool) {
-	w := p.w
-	if !w.lease.leaseHeld(in) {
-		w.lease.releaseStale(in, tasks, "claim answer")
+	if !p.leaseHeld(in) {
+		p.releaseStale(in, tasks, "claim answer")
 		return
 	}
 	var release []int64
@@ -166,7 +237,7 @@ func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, laun
 		}
 	}
 	if nRun > asked {
-		w.log.Error("server handed more tasks than claimed; releasing the surplus", "asked", asked, "got", nRun)
+		p.log.Error("server handed more tasks than claimed; releasing the surplus", "asked", asked, "got", nRun)
 		extra := make([]int64, 0, nRun-asked)
 		kept := make([]ClaimedTask, 0, int64(len(tasks))-(nRun-asked))
 		var n int64
@@ -185,63 +256,38 @@ func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, laun
 		release = extra
 	}
 	runs := make([]taskRun, len(tasks)) // one allocation per claim
-	late := 0
-	var lateStart []*taskRun
-	w.held.mu.Lock()
 	for i := range tasks {
-		ct := &tasks[i]
-		tr := &runs[i]
+		ct, tr := &tasks[i], &runs[i]
 		tr.inc = in
 		tr.tc = TaskContext{ID: ct.ID, Kind: ct.Kind, Queue: ct.Queue, ConcurrencyKey: ct.ConcurrencyKey,
 			Attempt: ct.Attempt, MaxAttempts: ct.MaxAttempts, Input: ct.Input, RunID: ct.RunID, Step: ct.Step, Item: ct.Item}
 		tr.timeout = ct.Timeout.D()
-		if ct.After != 0 {
-			attached, now := w.chains.attachLocked(tr, ct.After, launch)
-			if !attached {
-				release = append(release, ct.ID)
-				late++
-				continue
-			}
-			if now {
-				lateStart = append(lateStart, tr)
-			}
-		}
-		tr.ctx, tr.cancel = context.WithCancelCause(w.baseCtx)
-		if old := w.held.byID[ct.ID]; old != nil {
-			// The server handed the task out again: our earlier attempt
-			// lost its lease.
-			old.state.Store(stLost)
-			old.cancel(errLeaseLost)
-			w.chains.dropChainLocked(old, stLost, errLeaseLost)
-		}
-		w.held.byID[ct.ID] = tr
 	}
-	w.held.mu.Unlock()
-	if late > 0 {
-		w.log.Debug("releasing reserved successors whose predecessor ended or is not held, or of a kind not handled here", "count", late)
+	late, lateStart := p.admit(p.runsCtx(), tasks, runs, p.mayRun, func() bool { return launch && !p.stopping() })
+	if len(late) > 0 {
+		p.log.Debug("releasing reserved successors whose predecessor ended or is not held, or of a kind not handled here", "count", len(late))
+		release = append(release, late...)
 	}
 	if len(release) > 0 {
-		w.releaseNow(release)
+		p.releaseNow(release)
 	}
 	if len(lateStart) > 0 {
-		w.markActive()
-		w.exec.tasks.Add(len(lateStart))
+		p.markActive()
 		for _, tr := range lateStart {
-			go w.exec.runSuccessor(tr)
+			p.runSuccessor(tr)
 		}
 	}
 	if !launch {
 		return
 	}
 	p.free.Add(-nRun)
-	w.exec.tasks.Add(int(nRun))
 	// Counted for ResultLinger before any starts, so that one ending at
 	// once sees the others running.
-	w.compl.linger.launch(nRun)
+	p.launched(nRun)
 	for i := range runs {
 		if tasks[i].After == 0 {
 			runs[i].lingers = true
-			go w.exec.run(&runs[i])
+			p.run(&runs[i])
 		}
 	}
 }
@@ -250,7 +296,7 @@ func (p *producer) start(in *incarnation, tasks []ClaimedTask, asked int64, laun
 // lost, stopped), or whose result has been sent already, and wakes the
 // claim loop: the slot is the claim loop's.
 func (p *producer) freeSlot() {
-	p.w.markActive()
+	p.markActive()
 	p.free.Add(1)
 	p.wake()
 }
@@ -261,7 +307,7 @@ func (p *producer) freeSlot() {
 // slot counts as free at once, in heartbeats too: the server may hand it
 // out as soon as the result lands.
 func (p *producer) freeOwed(tr *taskRun) {
-	p.w.markActive()
+	p.markActive()
 	tr.slotOwed = true
 	p.askMu.Lock()
 	p.owed++
@@ -269,21 +315,91 @@ func (p *producer) freeOwed(tr *taskRun) {
 	p.askMu.Unlock()
 }
 
-// piggyback reserves the claim of a complete call carrying results that
-// owe owed freed slots (taskRun.slotOwed): it takes those, and the free
-// slots no claim is asking for, and asks for up to the claim limit of
-// them while claiming goes on. hold is how many the call keeps from other
-// claims until it returns (unreserve), owed ones beyond the limit
-// included: they are free at the server only once the results have
-// landed, so the claim loop asks for them once the call is back, with
-// whatever the answer did not fill. A call that fails keeps them while it
-// retries (claiming nothing, see completer.send): a claim in the meantime
-// would meet the same unreachable server, or a server that still counts
-// the slots held, since the results have not landed.
-func (p *producer) piggyback(runCtx context.Context, owed int64) (hold, ask int64) {
+// piggyback makes the complete call send carry a claim, for results
+// that owe owed freed slots (taskRun.slotOwed): the one call the
+// completer makes to the producer. It reserves the claim (reservePiggyback),
+// numbers the call when it claims or when numbered (a result in it
+// hands over, so the answer may bring a reserved successor even
+// without a claim: a lost answer's reservations are then released,
+// ClaimsSettled), starts the tasks the answer brings (or hands them back
+// at once, with ctx, once claiming has stopped) and gives the slots the
+// answer did not fill to the claim loop.
+//
+// send makes the call, asking for claim tasks under the number seq (0:
+// none). Before each retry it calls retry, which settles the failed
+// try's number (any tasks that try claimed were lost with its answer:
+// the next heartbeat has the server release them) and returns the
+// retry's claim, nothing (so that it cannot lose more), and number (a
+// new one if numbered). It returns what the answer brought and the
+// registration the call was made under, or ok false when it gave up
+// (the shutdown's cleanup deadline): the slots the results owed stay
+// taken then, but claiming has stopped by then. A nil send means the
+// results go in no call (lost meanwhile): their slots are the claim
+// loop's at once. piggyback reports send's ok.
+func (p *producer) piggyback(ctx, runCtx context.Context, owed int64, numbered bool,
+	send func(claim, seq int64, retry func() (claim, seq int64)) (tasks []ClaimedTask, in *incarnation, ok bool),
+) bool {
+	if send == nil {
+		p.forgive(owed)
+		return true
+	}
+	hold, asked := p.reservePiggyback(runCtx, owed)
+	var seq int64
+	if asked > 0 || numbered {
+		seq = p.seqs.begin()
+	}
+	retry := func() (int64, int64) {
+		p.seqs.end(seq)
+		seq = 0
+		if numbered {
+			seq = p.seqs.begin()
+		}
+		return 0, seq
+	}
+	tasks, in, ok := send(asked, seq, retry)
+	if !ok {
+		p.unreserve(hold)
+		p.seqs.end(seq)
+		return false
+	}
+	if len(tasks) > 0 {
+		if n := countRunNow(tasks); n > 0 {
+			p.claimed(n)
+		}
+		p.markActive()
+		if runCtx.Err() == nil && !p.stopping() {
+			p.start(in, tasks, asked, true)
+		} else {
+			// Claiming has stopped: hand them back at once.
+			ids := make([]int64, len(tasks))
+			for i, t := range tasks {
+				ids[i] = t.ID
+			}
+			p.release(ctx, ids)
+		}
+	}
+	// The slots its answer did not fill, owed ones included, are the
+	// claim loop's now: it long-polls for them.
+	p.unreserve(hold)
+	p.seqs.end(seq) // its tasks are held (or released) now
+	return true
+}
+
+// reservePiggyback reserves the claim of a complete call carrying
+// results that owe owed freed slots (taskRun.slotOwed): it takes those,
+// and the free slots no claim is asking for, and asks for up to the
+// claim limit of them while claiming goes on. hold is how many the call
+// keeps from other claims until it returns (unreserve), owed ones beyond
+// the limit included: they are free at the server only once the results
+// have landed, so the claim loop asks for them once the call is back,
+// with whatever the answer did not fill. A call that fails keeps them
+// while it retries (claiming nothing, see piggyback): a claim in the
+// meantime would meet the same unreachable server, or a server that
+// still counts the slots held, since the results have not landed.
+func (p *producer) reservePiggyback(runCtx context.Context, owed int64) (hold, ask int64) {
 	var limit int64
-	if runCtx.Err() == nil && !p.w.stopping.Load() {
-		limit = int64(p.w.bp.piggybackLimit())
+	if runCtx.Err() == nil && !p.stopping() {
+		limit = int64(p.pace.piggybackLimit())
 	}
 	p.askMu.Lock()
 	defer p.askMu.Unlock()
