@@ -75,9 +75,22 @@ func WithTaskContext(ctx context.Context, t *TaskContext) context.Context {
 type handlerContext struct {
 	context.Context
 	tc *TaskContext
-	// The worker and the run, for the child calls (handler_children.go).
-	w  *Worker
-	tr *taskRun
+	// What the child calls need (handler_children.go): the backend's
+	// child calls, the worker's slot lent and taken back, and the run.
+	kids childCalls
+	tr   *taskRun
+}
+
+// childCalls is what a handler's child calls need of its worker: the
+// backend's two child routes, and lending its slot while it waits and
+// taking it back after.
+type childCalls struct {
+	b interface {
+		TriggerChild(ctx context.Context, workerID string, parentID int64, p ChildParams) (*ChildResult, bool, error)
+		WaitChild(ctx context.Context, workerID string, parentID int64, p WaitChildParams) (*WaitChildResult, error)
+	}
+	lendSlot func()
+	takeSlot func(ctx context.Context)
 }
 
 func (c *handlerContext) Value(key any) any {

@@ -117,7 +117,7 @@ const childWaitPoll = 30 * time.Second
 // handlerOf returns the handler context ctx carries.
 func handlerOf(ctx context.Context) (*handlerContext, error) {
 	hc, ok := ctx.Value(handlerContextKey{}).(*handlerContext)
-	if !ok || hc == nil || hc.w == nil || hc.tr == nil {
+	if !ok || hc == nil || hc.kids.b == nil || hc.tr == nil {
 		return nil, ErrNotInHandler
 	}
 	return hc, nil
@@ -143,7 +143,7 @@ func TriggerChild(ctx context.Context, p ChildParams) (*Child, error) {
 		created bool
 	)
 	err = retryTransient(ctx, func() (err error) {
-		res, created, err = hc.w.b.TriggerChild(ctx, hc.tr.inc.id, hc.tc.ID, p)
+		res, created, err = hc.kids.b.TriggerChild(ctx, hc.tr.inc.id, hc.tc.ID, p)
 		return err
 	})
 	if err != nil {
@@ -250,17 +250,16 @@ func waitChild(ctx context.Context, c *Child) (*WaitChildResult, error) {
 	} else {
 		p.TaskID = c.ID
 	}
-	prod := hc.w.prod
 	lent := false
 	defer func() {
 		if lent {
-			prod.takeSlot(ctx)
+			hc.kids.takeSlot(ctx)
 		}
 	}()
 	for {
 		var res *WaitChildResult
 		err := retryTransient(ctx, func() (err error) {
-			res, err = hc.w.b.WaitChild(ctx, hc.tr.inc.id, hc.tc.ID, p)
+			res, err = hc.kids.b.WaitChild(ctx, hc.tr.inc.id, hc.tc.ID, p)
 			return err
 		})
 		if err != nil {
@@ -271,7 +270,7 @@ func waitChild(ctx context.Context, c *Child) (*WaitChildResult, error) {
 		}
 		if !lent {
 			// The server suspended the task: its slot here is free too.
-			prod.lendSlot()
+			hc.kids.lendSlot()
 			lent = true
 		}
 		p.Wait = Duration(childWaitPoll)

@@ -183,13 +183,17 @@ func NewWorker(b Backend, cfg WorkerConfig) *Worker {
 		settleHandovers: w.chains.settleHandovers,
 		piggyback:       w.prod.piggyback,
 	})
+	kids := childCalls{lendSlot: w.prod.lendSlot, takeSlot: w.prod.takeSlot}
+	if w.b != nil {
+		kids.b = w.b
+	}
 	w.exec = newExecutor(executorInputs{
 		log:       cfg.Logger,
 		stopping:  w.stopping.Load,
 		leaseHeld: w.lease.leaseHeld,
 		now:       w.lease.now,
 		handlerCtx: func(ctx context.Context, tr *taskRun) handlerContext {
-			return handlerContext{Context: ctx, tc: &tr.tc, w: w, tr: tr}
+			return handlerContext{Context: ctx, tc: &tr.tc, kids: kids, tr: tr}
 		},
 		returned:       linger.returned,
 		took:           w.bp.lat.record,
