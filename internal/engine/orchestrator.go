@@ -207,7 +207,7 @@ func (o *orchestrator) handle(ctx context.Context, id int64, events []int64) err
 		if err != nil || a == nil {
 			return err
 		}
-		out, err := o.deps.st.ApplyRun(ctx, *a)
+		out, err := store.ApplyRun(ctx, o.deps.st, *a)
 		if errors.Is(err, store.ErrRunChanged) {
 			continue // decided on a stale reading: read again
 		}

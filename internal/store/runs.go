@@ -50,16 +50,14 @@ type RunStore interface {
 	RunTasks(ctx context.Context, runID int64) (map[int64][]int64, map[int64]map[sluice.TaskState]int, error)
 	// RunEvents returns up to limit pending run events, oldest first.
 	RunEvents(ctx context.Context, limit int) ([]RunEvent, error)
-	// ApplyRun applies the workflow layer's decision for a run in one
-	// transaction: it deletes the events handled, creates steps and their
-	// tasks, and ends the run. ErrRunChanged if the run's Seq is no
-	// longer a.Seq (another decision came first: read it again) or the
-	// run is not running; the events are then left alone.
-	ApplyRun(ctx context.Context, a RunApply) (Outcome, error)
-	// ApplyRuns is ApplyRun for several runs' decisions in one
-	// transaction: changed[i] is ErrRunChanged or sluice.ErrNotFound for
-	// a decision not applied (nothing of it written; the others are), and
-	// err fails them all (nothing is written).
+	// ApplyRuns applies the workflow layer's decisions for runs in one
+	// transaction: for each, it deletes the events handled, creates
+	// steps and their tasks, and ends the run. A decision whose run's Seq
+	// is no longer a.Seq (another decision came first: read it again) or
+	// whose run is not running is refused with ErrRunChanged in
+	// changed[i], one whose run does not exist with sluice.ErrNotFound:
+	// nothing of it is written (its events are left alone), and the
+	// others apply. err fails them all: nothing is written.
 	ApplyRuns(ctx context.Context, as []RunApply) (changed []error, o Outcome, err error)
 	// DropRunEvents deletes events of a run that needs no decision (it
 	// ended, or is queued).
@@ -481,4 +479,14 @@ func ApplyEach(as []RunApply, apply func(RunApply) error) (changed []error, err 
 		}
 	}
 	return changed, nil
+}
+
+// ApplyRun applies one decision (RunStore.ApplyRuns): ErrRunChanged or
+// sluice.ErrNotFound when it is refused.
+func ApplyRun(ctx context.Context, st RunStore, a RunApply) (Outcome, error) {
+	changed, o, err := st.ApplyRuns(ctx, []RunApply{a})
+	if err != nil {
+		return o, err
+	}
+	return o, changed[0]
 }

@@ -24,7 +24,7 @@ func TestPostgresRunPauseRoundTrips(t *testing.T) {
 	h.queue("k", 100, false)
 	run, _, _, err := h.st.CreateRun(h.ctx, store.Limits{}, store.NewRun{Workflow: "wf", Version: 1})
 	require.NoError(t, err)
-	_, err = h.st.ApplyRun(h.ctx, store.RunApply{RunID: run.ID, Seq: run.Seq, Steps: []store.NewStep{fanOut("each", items, 0, "k")}})
+	_, err = store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: run.ID, Seq: run.Seq, Steps: []store.NewStep{fanOut("each", items, 0, "k")}})
 	require.NoError(t, err)
 	h.worker("w", false, "k")
 	claimed, err := h.st.Claim(h.ctx, "w", 10, 30*time.Second, 0)
@@ -75,7 +75,7 @@ func TestPostgresWorkflowPauseRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, run.ID)
 		if run.State == sluice.RunRunning {
-			_, err = h.st.ApplyRun(h.ctx, store.RunApply{RunID: run.ID, Seq: run.Seq, Steps: []store.NewStep{fanOut(fmt.Sprint("s", i), tasks, 5, "k")}})
+			_, err = store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: run.ID, Seq: run.Seq, Steps: []store.NewStep{fanOut(fmt.Sprint("s", i), tasks, 5, "k")}})
 			require.NoError(t, err)
 		}
 	}
@@ -125,7 +125,7 @@ func TestPostgresRunPauseReservedChain(t *testing.T) {
 	for i := range step.Tasks {
 		step.Tasks[i] = store.NewTask{Kind: "k", Queue: "k", MaxAttempts: 1, Input: json.RawMessage(`{}`)}
 	}
-	_, err = h.st.ApplyRun(h.ctx, store.RunApply{RunID: run.ID, Seq: run.Seq, Steps: []store.NewStep{step}})
+	_, err = store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: run.ID, Seq: run.Seq, Steps: []store.NewStep{step}})
 	require.NoError(t, err)
 	h.worker("w", true, "k")
 	claimed, err := h.st.Claim(h.ctx, "w", 1, 30*time.Second, 0)

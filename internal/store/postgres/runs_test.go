@@ -49,7 +49,7 @@ func TestPostgresRunRoundTrips(t *testing.T) {
 	// COMMIT.
 	start := time.Now()
 	require.EqualValues(t, 5, h.trips(func() {
-		_, err = h.st.ApplyRun(h.ctx, store.RunApply{RunID: run.ID, Seq: run.Seq, Events: []int64{evs[0].ID},
+		_, err = store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: run.ID, Seq: run.Seq, Events: []int64{evs[0].ID},
 			Steps: []store.NewStep{fanOut("each", items, window, "k")}})
 	}))
 	require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestPostgresApplyRunReplicas(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, errs[i] = st.ApplyRun(ctx, store.RunApply{RunID: run.ID, Seq: cur.Seq, Steps: []store.NewStep{{
+				_, errs[i] = store.ApplyRun(ctx, st, store.RunApply{RunID: run.ID, Seq: cur.Seq, Steps: []store.NewStep{{
 					Name: fmt.Sprintf("s%d-%d", round, i), Index: round, State: sluice.StepRunning, Items: -1,
 					Tasks: []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}}}}})
 			}()

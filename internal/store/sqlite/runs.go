@@ -149,13 +149,8 @@ func deleteEvents(ctx context.Context, tx *wtx, ids []int64) error {
 	return nil
 }
 
-// ApplyRun applies a decision of the workflow layer; see store.RunStore.
-func (s *Store) ApplyRun(ctx context.Context, a store.RunApply) (store.Outcome, error) {
-	return s.write(ctx, func(t *txn) error { return t.applyRun(a) })
-}
-
-// ApplyRuns applies several decisions in one transaction; see
-// store.RunStore.
+// ApplyRuns applies decisions of the workflow layer in one transaction;
+// see store.RunStore.
 func (s *Store) ApplyRuns(ctx context.Context, as []store.RunApply) ([]error, store.Outcome, error) {
 	var changed []error
 	o, err := s.write(ctx, func(t *txn) error {

@@ -80,7 +80,7 @@ func (h *testBundle) apply(runID int64, steps []store.NewStep, end *store.RunEnd
 	for _, e := range h.events(runID) {
 		evs = append(evs, e.ID)
 	}
-	_, err := h.st.ApplyRun(h.ctx, store.RunApply{RunID: runID, Seq: run.Seq, Events: evs, Steps: steps, End: end})
+	_, err := store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: runID, Seq: run.Seq, Events: evs, Steps: steps, End: end})
 	require.NoError(h.t, err)
 }
 
@@ -156,7 +156,7 @@ func testRunStartAndApply(t *testing.T, ns NewStore) {
 
 	// A decision taken on an older reading is refused, and changes
 	// nothing.
-	_, err := h.st.ApplyRun(h.ctx, store.RunApply{RunID: run.ID, Seq: run.Seq + 1, Events: []int64{evs[0].ID},
+	_, err := store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: run.ID, Seq: run.Seq + 1, Events: []int64{evs[0].ID},
 		Steps: []store.NewStep{{Name: "a", State: sluice.StepRunning, Items: -1, Tasks: []store.NewTask{{Kind: "k", Queue: "k", MaxAttempts: 1}}}}})
 	require.ErrorIs(t, err, store.ErrRunChanged)
 	require.Len(t, h.events(run.ID), 1)
@@ -193,7 +193,7 @@ func testRunStartAndApply(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.RunSucceeded, got.State)
 	require.JSONEq(t, `{"out":7}`, string(got.Output))
 	require.NotNil(t, got.FinishedAt)
-	_, err = h.st.ApplyRun(h.ctx, store.RunApply{RunID: run.ID, Seq: got.Seq})
+	_, err = store.ApplyRun(h.ctx, h.st, store.RunApply{RunID: run.ID, Seq: got.Seq})
 	require.ErrorIs(t, err, store.ErrRunChanged, "an ended run takes no decision")
 }
 
