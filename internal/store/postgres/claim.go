@@ -39,8 +39,8 @@ const claimSQL = `WITH c AS (
 			FOR UPDATE SKIP LOCKED) x
 		ORDER BY x.priority DESC, x.rank, x.id LIMIT $3),
 	claimed AS (
-		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, worker_id = $4, started_at = $2,
-			timeout_at = CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END, claim_seq = $7
+		UPDATE tasks t SET state = 'running', attempt = t.attempt + 1, worker_id = $4, started_at = GREATEST($2, t.ready_at),
+			timeout_at = CASE WHEN t.timeout_us > 0 THEN GREATEST($5, t.ready_at) + t.timeout_us END, claim_seq = $7
 		WHERE t.id = ANY(ARRAY(SELECT id FROM c))
 		RETURNING t.id, t.kind, t.queue, t.ckey, t.attempt, t.max_attempts, t.input, t.timeout_us, t.created_at, t.priority, t.rank,
 			t.run_id, CASE WHEN t.step_id IS NOT NULL THEN ` + stepNameSQL + ` END AS step, t.item),
@@ -95,8 +95,9 @@ const promoteClaimSQL = `WITH hd AS MATERIALIZED (
 			rank = coalesce(m.hrank, t.rank),
 			attempt = CASE WHEN m.claim THEN t.attempt + 1 ELSE t.attempt END,
 			worker_id = CASE WHEN m.claim THEN $4 ELSE t.worker_id END,
-			started_at = CASE WHEN m.claim THEN $2 ELSE t.started_at END,
-			timeout_at = CASE WHEN m.claim THEN CASE WHEN t.timeout_us > 0 THEN $5 + t.timeout_us END ELSE t.timeout_at END,
+			started_at = CASE WHEN m.claim THEN GREATEST($2, t.ready_at) ELSE t.started_at END,
+			timeout_at = CASE WHEN m.claim THEN CASE WHEN t.timeout_us > 0 THEN GREATEST($5, t.ready_at) + t.timeout_us END ELSE t.timeout_at END,
+			ready_at = CASE WHEN m.hrank IS NOT NULL THEN $2 ELSE t.ready_at END,
 			claim_seq = CASE WHEN m.claim THEN $7 ELSE t.claim_seq END
 		FROM m WHERE t.id = m.id AND t.id = ANY(ARRAY(SELECT id FROM m)) -- by primary key, as in claimSQL
 		RETURNING t.sq, m.hrank IS NOT NULL AS promoted, m.claim,
@@ -280,11 +281,13 @@ func (w *claimer) claim(t *txn, limit int, lease time.Duration, seq int64) (clai
 	}
 	// Handover: the claimed tasks' sub-queues and queues (the tasks
 	// started in this transaction on this worker: those claimed, and any
-	// handed over to, whose sub-queues the transaction holds anyway),
+	// handed over to, whose sub-queues the transaction holds anyway; a
+	// claimed task starts no earlier than it became ready, ready_at, so
+	// at this transaction's clock or after),
 	// read after the claim, which changes no counter: the refill's
 	// counter writes went before it.
 	t.queueQuery("claim", `SELECT `+sqCols+`, `+qCols+` FROM subqueues s JOIN queues q ON q.name = s.queue
-		WHERE s.id IN (SELECT sq FROM tasks WHERE state = 'running' AND worker_id = $1 AND started_at = $2)`, []any{w.id, t.now},
+		WHERE s.id IN (SELECT sq FROM tasks WHERE state = 'running' AND worker_id = $1 AND started_at >= $2)`, []any{w.id, t.now},
 		func(rows pgx.Rows) error {
 			sq, q := &flow.Subqueue{}, &flow.Queue{}
 			if err := rows.Scan(append(sq.Dest(), q.Dest()...)...); err != nil {

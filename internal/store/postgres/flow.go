@@ -325,7 +325,7 @@ const headsSQL = `SELECT h.id, p.rank FROM unnest($1::bigint[], $2::bigint[], $3
 // runs), so a transaction whose COMMIT rides in the same round trip is
 // not committed. promoteClaimSQL checks the same way.
 const promoteSQL = `WITH moved AS (
-		UPDATE tasks t SET state = 'ready', rank = h.rank FROM (` + headsSQL + `) h
+		UPDATE tasks t SET state = 'ready', rank = h.rank, ready_at = $6 FROM (` + headsSQL + `) h
 		WHERE t.id = h.id
 		RETURNING t.sq, t.kind),
 	chk AS (UPDATE env_slices SET vtime = vtime + 0 * (1 / CASE WHEN (SELECT count(*) FROM moved) = $5 THEN 1 ELSE 0 END) WHERE slice = ` + sliceSQL + `)
@@ -363,7 +363,7 @@ func (t *txn) queuePromote(ps []promotion) {
 	for _, p := range ps {
 		total += p.n
 	}
-	t.b.Queue(promoteSQL, append(promotionArgs(ps), total)...).Fn = t.checkPromoted(ps)
+	t.b.Queue(promoteSQL, append(promotionArgs(ps), total, t.now)...).Fn = t.checkPromoted(ps)
 }
 
 // writeDeferred writes the deferred promotions (queuePromote) when no

@@ -348,11 +348,12 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 	return nil
 }
 
-// insertSQL inserts tasks from arrays, one a column.
+// insertSQL inserts tasks from arrays, one a column; one made ready
+// records when (ready_at, migration 0020).
 const insertSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank)
+			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, ready_at)
 		SELECT id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-			timeout_us, run_at, deadline, idem, $16, rank
+			timeout_us, run_at, deadline, idem, $16, rank, CASE WHEN state = 'ready' THEN $16::bigint END
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
 			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[])
 			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank)`
