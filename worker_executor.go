@@ -22,6 +22,12 @@ type executor struct {
 	kinds   map[string]*kindRunner // built by Run (prepare); read-only after
 	metrics *workerMetrics         // given by Run (prepare); nil without a Registerer
 	tasks   sync.WaitGroup         // every task goroutine
+	// mu orders the goroutines' Add before wait's Wait: once closed (the
+	// shutdown waits), a task that arrives (a claim that rode on a
+	// complete call in flight) does not start, and is left for the
+	// shutdown as one that saw stopping is.
+	mu     sync.Mutex
+	closed bool
 }
 
 // executorInputs are the calls the executor makes to the rest of the
@@ -87,15 +93,35 @@ func (e *executor) handles(kind string) bool { return e.kinds[kind] != nil }
 // start runs tr's handler in a goroutine of its own, on a slot the
 // producer took for it.
 func (e *executor) start(tr *taskRun) {
-	e.tasks.Add(1)
+	if !e.add() {
+		e.returned(tr)
+		e.finishRun(tr)
+		return
+	}
 	go e.run(tr)
+}
+
+// add counts a task goroutine about to start, unless the shutdown waits
+// for them already.
+func (e *executor) add() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
+	}
+	e.tasks.Add(1)
+	return true
 }
 
 // startSuccessor runs reserved successor tr's handler in a goroutine of
 // its own, on the slot its predecessor handed over (its state already
 // running).
 func (e *executor) startSuccessor(tr *taskRun) {
-	e.tasks.Add(1)
+	if !e.add() {
+		e.returned(tr)
+		e.finishRun(tr)
+		return
+	}
 	go e.runSuccessor(tr)
 }
 
@@ -276,6 +302,9 @@ func (e *executor) call(ctx context.Context, tr *taskRun, h HandlerFunc) (out js
 
 // wait waits up to d for every task goroutine to end.
 func (e *executor) wait(d time.Duration) bool {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		e.tasks.Wait()
