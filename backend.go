@@ -21,7 +21,7 @@ type Backend interface {
 	// history), its error and output cleared and its dispatch deadline,
 	// if any, counted again from now. A task that has not ended, a
 	// succeeded task and a task of a workflow run (its run decides its
-	// tasks: start a new run) are an ErrConflict. The task counts as a
+	// tasks: RetryRun) are an ErrConflict. The task counts as a
 	// new unfinished task: over an admission ceiling it is an
 	// *AdmissionError and nothing changes.
 	RetryTask(ctx context.Context, id int64) (*Task, error)
@@ -101,6 +101,18 @@ type Workflows interface {
 	// to where it was. Both are harmless when repeated.
 	PauseRun(ctx context.Context, id int64) (*Run, error)
 	ResumeRun(ctx context.Context, id int64) (*Run, error)
+	// RetryRun runs a failed or cancelled run again from where it
+	// failed: it returns to running (queued while its workflow's
+	// concurrency has no place for it, or its workflow is paused), its
+	// steps and fan-out items that succeeded keep their outputs and do
+	// not run again, and its other tasks run again as in a first pass,
+	// each with as many attempts again as it was created with (attempt
+	// numbers go on) and its dispatch deadline counted from the retry.
+	// Run.Retry counts the retries. Over the admission ceiling it is an
+	// *AdmissionError and nothing changes. A run that is running,
+	// queued, paused or succeeded, a child run (retry its parent), and a
+	// run whose tasks are still stopping are an ErrConflict.
+	RetryRun(ctx context.Context, id int64) (*Run, error)
 	// PauseWorkflow keeps the workflow's new runs queued until
 	// ResumeWorkflow; with runs, its active runs are paused (resumed)
 	// too.

@@ -205,6 +205,12 @@ func (c *Client) ResumeRun(ctx context.Context, id int64) (*Run, error) {
 	return c.runCall(ctx, id, "/resume")
 }
 
+// RetryRun runs a failed or cancelled run again from where it failed
+// (POST /v1/runs/{id}/retry); see Backend.
+func (c *Client) RetryRun(ctx context.Context, id int64) (*Run, error) {
+	return c.runCall(ctx, id, "/retry")
+}
+
 func (c *Client) runCall(ctx context.Context, id int64, suffix string) (*Run, error) {
 	var r Run
 	if _, err := c.do(ctx, http.MethodPost, "/v1/runs/"+strconv.FormatInt(id, 10)+suffix, nil, nil, &r, 0); err != nil {

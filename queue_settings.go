@@ -97,8 +97,9 @@ func (s Strategy) Valid() bool {
 
 // RateLimit caps how many of a queue's tasks start in any window of
 // Period: at most Limit starts, counted for the whole queue, or for each
-// concurrency key apart with PerKey. Bursts of up to Limit start at once.
-// A task waiting for its rate holds no concurrency slot.
+// concurrency key apart with PerKey. Bursts of up to Burst (by default
+// Limit) start at once. A task waiting for its rate holds no concurrency
+// slot.
 type RateLimit struct {
 	// Limit is the most starts in any window of Period (≥ 1).
 	Limit int `json:"limit"`
@@ -107,6 +108,13 @@ type RateLimit struct {
 	// PerKey counts each concurrency key apart; false counts the queue
 	// as a whole.
 	PerKey bool `json:"per_key,omitempty"`
+	// Burst is the most starts at once (1 ≤ Burst ≤ Limit): the others
+	// are spread evenly, one per Period/Limit, while at most Limit start
+	// in any window of Period still holds. Lower it when the tasks call
+	// an outside service that counts its own limit as it receives the
+	// calls: Burst 1 starts one per Period/Limit. Nil: Limit (the whole
+	// period's allowance may start at once). E.g. Burst: new(1).
+	Burst *int `json:"burst,omitempty"`
 }
 
 // String formats the limit as ParseRateLimit reads it: "100/1m".
@@ -147,4 +155,32 @@ func ParseRateLimit(s string) (RateLimit, error) {
 		return RateLimit{}, fmt.Errorf("rate limit %q: period %q: want a duration such as 1s, 1m or 1h", s, p)
 	}
 	return RateLimit{Limit: limit, Period: Duration(d)}, nil
+}
+
+// KeyWeights are the weights of a queue's concurrency keys in fair
+// queueing (QueueParams.KeyWeights): key → weight, 1 to 1000. A key not
+// in it has weight 1. It encodes as a JSON object, {} when empty or nil.
+type KeyWeights map[string]int
+
+// MarshalJSON writes the weights as an object: {} for none.
+func (w KeyWeights) MarshalJSON() ([]byte, error) {
+	if w == nil {
+		return []byte("{}"), nil
+	}
+	return json.Marshal(map[string]int(w))
+}
+
+// ParseKeyWeight reads "KEY=WEIGHT" ("tenant:gold=4"); the key is what
+// comes before the last "=", so a key may itself hold one. It checks only
+// the form: the bounds are the server's (1 ≤ weight ≤ 1000).
+func ParseKeyWeight(s string) (key string, weight int, err error) {
+	i := strings.LastIndexByte(s, '=')
+	if i < 0 {
+		return "", 0, fmt.Errorf("key weight %q: want KEY=WEIGHT such as tenant:gold=4", s)
+	}
+	key, w := s[:i], strings.TrimSpace(s[i+1:])
+	if weight, err = strconv.Atoi(w); err != nil {
+		return "", 0, fmt.Errorf("key weight %q: %q is not a whole number", s, w)
+	}
+	return key, weight, nil
 }

@@ -119,10 +119,16 @@ type Run struct {
 	// on its own.
 	ParentRun  int64  `json:"parent_run,omitempty"`
 	ParentStep string `json:"parent_step,omitempty"`
+	// Retry counts the times the run was retried (RetryRun): 0 (absent)
+	// for a run on its first pass, n on its pass n + 1. Each pass keeps
+	// what the earlier ones did: the steps and items that succeeded, and
+	// every attempt of its tasks (attempt numbers go on).
+	Retry int `json:"retry,omitempty"`
 	// Explain says why an unfinished run is not progressing, or what ended
 	// a finished one: "succeeded", `failed: step "each" item 7: …` (its
 	// first failing step, item and error), "cancelled" (with why, when
-	// recorded). GetRun and CancelRun only.
+	// recorded); a retried run's starts with its retry (`retry 2: …`).
+	// GetRun and CancelRun only.
 	Explain string `json:"explain,omitempty"`
 	// Steps in the definition's order (GET /v1/runs/{id} only).
 	Steps []RunStep `json:"steps,omitempty"`

@@ -219,6 +219,15 @@ type QueueParams struct {
 	Strategy Opt[Strategy] `json:"strategy,omitzero"`
 	// RateLimit caps starts per period (see RateLimit). Null: none.
 	RateLimit Opt[RateLimit] `json:"rate_limit,omitzero"`
+	// KeyWeights weighs concurrency keys in fair queueing: a backlogged
+	// key of weight 4 gets four starts for each one of a key of weight 1,
+	// of whatever the keys compete for (the environment limit, the
+	// workers' slots, a rate limit of the whole queue). Each weight is a
+	// whole number from 1 to 1000; a key not named has weight 1. It
+	// merges: the keys sent take their weights (1 restores the default)
+	// and the others keep theirs. Null: every key back to 1. A key's own
+	// concurrency_limit still caps it. See KeyWeights.
+	KeyWeights Opt[KeyWeights] `json:"key_weights,omitzero"`
 }
 
 // Queue is a queue as the API returns it.
@@ -233,13 +242,16 @@ type Queue struct {
 	Strategy Strategy `json:"strategy"`
 	// RateLimit: see QueueParams.RateLimit; nil: none.
 	RateLimit *RateLimit `json:"rate_limit"`
+	// KeyWeights are the keys whose weight is not 1 (see
+	// QueueParams.KeyWeights); empty when every key has weight 1.
+	KeyWeights KeyWeights `json:"key_weights"`
 	// Running counts tasks holding a slot: those in state ready (claimable,
 	// no worker yet) and those in state running. Counts has each apart.
 	Running int `json:"running"`
 	// Keyed reports that some of the queue's tasks were triggered with a
 	// concurrency key, so ConcurrencyLimit caps each key value apart (and
 	// the tasks without a key together), not the queue as a whole. It
-	// stays true once a key was seen.
+	// stays true once a key was seen (a key given a weight counts as seen).
 	Keyed bool `json:"keyed"`
 	// Active counts unfinished tasks.
 	Active int `json:"active"`

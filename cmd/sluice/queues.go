@@ -85,9 +85,11 @@ on).`,
 	var strategy optStrategy
 	var rate optRate
 	var perKey bool
+	var weights optKeyWeights
+	var burst int
 	set := &cobra.Command{
 		Use:   "set NAME",
-		Short: "Set a queue's limits, strategy, rate limit and handover (creates the queue)",
+		Short: "Set a queue's limits, strategy, rate limit, key weights and handover (creates the queue)",
 		Long: `Set a queue's concurrency limit, backlog ceiling, strategy, rate limit and
 handover, creating the queue if it does not exist. Only the settings given
 change (the server applies a partial update); "none" removes a limit
@@ -105,7 +107,18 @@ sub-queue's oldest running task to make room for the new one.
 
 --rate-limit N/PERIOD caps starts: at most N in any window of PERIOD (at
 least 1s), for the whole queue, or for each concurrency key with --per-key.
-A task waiting for its rate holds no slot.
+A task waiting for its rate holds no slot. --rate-burst B (1 to N; by
+default N) starts at most B at once and spreads the rest one per PERIOD/N:
+lower it when the tasks call an API that counts its limit as the calls
+arrive (--rate-burst 1: one call per PERIOD/N, never N at once).
+
+--key-weight KEY=WEIGHT (repeat it for several keys) weighs concurrency
+keys in fair queueing: a backlogged key of weight 4 gets four starts for
+each one of a key of weight 1, of whatever the keys compete for (the
+server's --max-running, the workers' slots, a rate limit of the whole
+queue). A key not named has weight 1, and its own limit still caps it.
+The keys given change (1 restores the default), the others keep theirs;
+--key-weight none sets every key back to 1. At once, with no restart.
 
 --handover on: while a limited sub-queue is full with tasks waiting, each
 task a worker claims comes with its successor (the next waiting task)
@@ -118,11 +131,20 @@ started with --no-handover. Off by default; not with a rate limit.`,
   sluice queues set email --concurrency-limit 4 --handover on
   sluice queues set deploy --concurrency-limit 1 --strategy cancel_in_progress
   sluice queues set api --rate-limit 100/1m --per-key
+  sluice queues set reports --key-weight tenant:gold=4 --key-weight tenant:silver=2
+  sluice queues set reports --key-weight none
+  sluice queues set crm --rate-limit 20/1s --rate-burst 1
   sluice queues set api --rate-limit none`,
 		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !limit.set && !backlog.set && !handover.set && !strategy.set && !rate.set {
-				return usagef("queues set: give --concurrency-limit, --max-backlog, --strategy, --rate-limit and/or --handover")
+			// The burst is part of the rate limit, which is replaced
+			// whole: it comes with the limit it belongs to.
+			burstSet := cmd.Flags().Changed("rate-burst")
+			if burstSet && (!rate.set || rate.v == nil) {
+				return usagef("queues set: --rate-burst goes with --rate-limit N/PERIOD")
+			}
+			if !limit.set && !backlog.set && !handover.set && !strategy.set && !rate.set && !weights.set {
+				return usagef("queues set: give --concurrency-limit, --max-backlog, --strategy, --rate-limit, --key-weight and/or --handover")
 			}
 			if perKey && (!rate.set || rate.v == nil) {
 				return usagef("queues set: --per-key goes with --rate-limit N/PERIOD")
@@ -148,8 +170,14 @@ started with --no-handover. Off by default; not with a rate limit.`,
 			if rate.set {
 				if rate.v != nil {
 					rate.v.PerKey = perKey
+					if burstSet {
+						rate.v.Burst = new(burst) // its bounds are the server's
+					}
 				}
 				p.RateLimit = sluice.SetOrNull(rate.v)
+			}
+			if weights.set {
+				p.KeyWeights = weights.param()
 			}
 			q, err := b.PutQueue(cmd.Context(), args[0], p)
 			if err != nil {
@@ -164,6 +192,8 @@ started with --no-handover. Off by default; not with a rate limit.`,
 	set.Flags().Var(&strategy, "strategy", "when a sub-queue is full: queue (wait), cancel_newest (reject the trigger) or cancel_in_progress (cancel the oldest running task)")
 	set.Flags().Var(&rate, "rate-limit", "most starts per period: N/PERIOD such as 100/1m or 10/1s (period ≥ 1s), or none")
 	set.Flags().BoolVar(&perKey, "per-key", false, "with --rate-limit: count each concurrency key apart, not the queue as a whole")
+	set.Flags().Var(&weights, "key-weight", "a concurrency key's weight in fair queueing, KEY=WEIGHT (1 to 1000; 1 is the default), repeatable; none: every key back to 1")
+	set.Flags().IntVar(&burst, "rate-burst", 0, "with --rate-limit N/PERIOD: most starts at once, 1 to N (default N); the rest start one per PERIOD/N")
 
 	del := &cobra.Command{
 		Use:   "delete NAME",
@@ -243,6 +273,7 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	row(tw, "HANDOVER", onOff(q.Handover))
 	row(tw, "STRATEGY", queueStrategy(q))
 	row(tw, "RATE LIMIT", queueRate(q))
+	row(tw, "KEY WEIGHTS", queueWeights(q))
 	row(tw, "RUNNING", q.Counts[sluice.StateRunning])
 	row(tw, "READY (slot, no worker yet)", q.Counts[sluice.StateReady])
 	row(tw, "ACTIVE (unfinished)", q.Active)
@@ -346,16 +377,20 @@ func (o *optBool) Set(s string) error {
 func (o *optBool) Type() string { return "on|off" }
 
 // queueRate shows a queue's rate limit: "none", "100/1m" or "100/1m per
-// key".
+// key", with a burst that was set "20/1s burst 1".
 func queueRate(q *sluice.Queue) string {
-	switch r := q.RateLimit; {
-	case r == nil:
+	r := q.RateLimit
+	if r == nil {
 		return "none"
-	case r.PerKey:
-		return r.String() + " per key"
-	default:
-		return r.String()
 	}
+	s := r.String()
+	if r.Burst != nil {
+		s += fmt.Sprintf(" burst %d", *r.Burst)
+	}
+	if r.PerKey {
+		s += " per key"
+	}
+	return s
 }
 
 // queueStrategy shows a queue's strategy: "queue" (the default) when the

@@ -66,8 +66,8 @@ func (a *app) newRunsCmd() *cobra.Command {
 	}
 
 	cmd := listCmd("runs")
-	cmd.Short = "List, inspect, cancel, pause and resume workflow runs"
-	cmd.Long = `List, inspect, cancel, pause and resume workflow runs. Without a subcommand, lists runs
+	cmd.Short = "List, inspect, cancel, pause, resume and retry workflow runs"
+	cmd.Long = `List, inspect, cancel, pause, resume and retry workflow runs. Without a subcommand, lists runs
 (like "sluice runs list"). "sluice tasks --run ID" lists the tasks of a run.`
 	addClientFlags(cmd.PersistentFlags(), &c)
 
@@ -155,7 +155,7 @@ changes nothing.`,
 		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) {
 			return b.ResumeRun(ctx, id)
 		})
-	cmd.AddCommand(list, get, cancel, pause, resume)
+	cmd.AddCommand(list, get, cancel, pause, resume, a.newRunsRetryCmd(&c))
 	return cmd
 }
 
@@ -190,6 +190,9 @@ func (a *app) printRun(c *clientFlags, r *sluice.Run) error {
 	field("ID", r.ID)
 	field("WORKFLOW", fmt.Sprintf("%s@%d", r.Workflow, r.Version))
 	field("STATE", string(r.State))
+	if r.Retry > 0 {
+		field("RETRY", r.Retry)
+	}
 	if r.ConcurrencyKey != "" {
 		field("KEY", r.ConcurrencyKey)
 	}

@@ -306,7 +306,7 @@ are cleared, and a dispatch deadline counts again from the retry. It waits
 for a slot like any task of its queue (paused if the queue is paused).
 
 A task that has not ended or succeeded cannot be retried, nor a task of a
-workflow run: start a new run instead. The retried task counts as a new
+workflow run: retry its run instead (sluice runs retry). The retried task counts as a new
 unfinished task, so over an admission ceiling the retry is refused and
 nothing changes. Follow it with "sluice tasks wait ID".`,
 		Example: `  sluice tasks retry 42

@@ -34,10 +34,34 @@ import (
 
 type fairnessSpec struct {
 	big, small, idle, envLimit int
+	// weighted gives the keys weights (key_weights) before anything is
+	// queued: every small tenant and idle key i weight 1 + i%4 (three in
+	// four of them stored, as weights ≠ 1 are), the big tenant 2.
+	weighted bool
 }
 
 func (s fairnessSpec) String() string {
-	return fmt.Sprintf("big %d, small %d, idle keys %d, env limit %d", s.big, s.small, s.idle, s.envLimit)
+	w := ""
+	if s.weighted {
+		w = ", weighted"
+	}
+	return fmt.Sprintf("big %d, small %d, idle keys %d, env limit %d%s", s.big, s.small, s.idle, s.envLimit, w)
+}
+
+// fairnessWeights are the key weights of a weighted spec.
+func fairnessWeights(s fairnessSpec) sluice.KeyWeights {
+	w := sluice.KeyWeights{"big": 2}
+	for i := range s.idle {
+		if v := 1 + i%4; v != 1 {
+			w["idle-"+strconv.Itoa(i)] = v
+		}
+	}
+	for i := range s.small {
+		if v := 1 + i%4; v != 1 {
+			w[fmt.Sprintf("small-%05d", i)] = v
+		}
+	}
+	return w
 }
 
 type fairnessResult struct {
@@ -89,6 +113,10 @@ func runFairness(ctx context.Context, t testing.TB, cfg Config, s fairnessSpec) 
 	}
 
 	start := time.Now()
+	if s.weighted {
+		_, err := e.eng.PutQueue(ctx, fairQueue, sluice.QueueParams{KeyWeights: sluice.Set(fairnessWeights(s))})
+		require.NoError(t, err)
+	}
 	// The idle keys: a sub-queue each, its one task run to the end.
 	for lo := 0; lo < s.idle; lo += 10000 {
 		n := min(10000, s.idle-lo)
@@ -173,9 +201,17 @@ func TestFairnessRoundRobin(t *testing.T) {
 	runFairness(t.Context(), t, fairnessConfig(), fairnessSpec{big: testutil.Size(400, 2000), small: 100, idle: testutil.Size(500, 1000), envLimit: 10})
 }
 
+// TestFairnessRoundRobinWeighted is the same with key weights: a small
+// tenant of any weight still starts within the first round.
+func TestFairnessRoundRobinWeighted(t *testing.T) {
+	// Sizes as TestFairnessRoundRobin's.
+	runFairness(t.Context(), t, fairnessConfig(), fairnessSpec{big: testutil.Size(400, 2000), small: 100, idle: testutil.Size(500, 1000), envLimit: 10, weighted: true})
+}
+
 // BenchmarkFairness100kKeys is S-FC3 at full size: 50,000 tasks of one
 // tenant, 1,000 tenants with one each, 98,999 idle keys (100,000 keys),
-// against a small backlog (1,000 tasks of the big tenant, no idle keys).
+// against a small backlog (1,000 tasks of the big tenant, no idle keys),
+// then the same 100,000 keys with weights (75,000 of them ≠ 1).
 // Run it once: go test ./internal/bench -run '^$' -bench Fairness100kKeys
 // -benchtime 1x (SLUICE_BENCH_DB=postgres://… for PostgreSQL).
 func BenchmarkFairness100kKeys(b *testing.B) {
@@ -186,13 +222,20 @@ func BenchmarkFairness100kKeys(b *testing.B) {
 	runFairness(ctx, b, cfg, fairnessSpec{big: 500, small: 100, idle: 100, envLimit: 10})
 	small := runFairness(ctx, b, cfg, fairnessSpec{big: 1000, small: 1000, idle: 0, envLimit: 10})
 	large := runFairness(ctx, b, cfg, fairnessSpec{big: 50000, small: 1000, idle: 98999, envLimit: 10})
+	// The same with weights on three keys in four: claim cost must not
+	// grow with weights (claim-p50-weighted-ratio ≈ 1).
+	weighted := runFairness(ctx, b, cfg, fairnessSpec{big: 50000, small: 1000, idle: 98999, envLimit: 10, weighted: true})
 	for b.Loop() {
 	}
+	b.ReportMetric(float64(weighted.claimP50)/float64(large.claimP50), "claim-p50-weighted-ratio")
+	b.ReportMetric(float64(weighted.claimP99)/float64(large.claimP99), "claim-p99-weighted-ratio")
+	b.ReportMetric(float64(weighted.completeP50)/float64(large.completeP50), "complete-p50-weighted-ratio")
 	b.ReportMetric(float64(large.maxPos), "last-small-pos")
 	b.ReportMetric(float64(large.claimP50.Microseconds())/1000, "claim-p50-ms")
 	b.ReportMetric(float64(large.claimP50)/float64(small.claimP50), "claim-p50-ratio")
 	b.ReportMetric(float64(large.claimP99)/float64(small.claimP99), "claim-p99-ratio")
 	b.ReportMetric(float64(large.completeP50)/float64(small.completeP50), "complete-p50-ratio")
-	b.Logf("small backlog: claim p50 %s p99 %s complete p50 %s; 100k keys: claim p50 %s p99 %s complete p50 %s",
-		small.claimP50, small.claimP99, small.completeP50, large.claimP50, large.claimP99, large.completeP50)
+	b.Logf("small backlog: claim p50 %s p99 %s complete p50 %s; 100k keys: claim p50 %s p99 %s complete p50 %s; weighted: claim p50 %s p99 %s complete p50 %s",
+		small.claimP50, small.claimP99, small.completeP50, large.claimP50, large.claimP99, large.completeP50,
+		weighted.claimP50, weighted.claimP99, weighted.completeP50)
 }

@@ -106,8 +106,10 @@ func (e *Engine) explainQueuedFor(ctx context.Context, t *sluice.Task, onLent bo
 		return fmt.Sprintf("queue %q %s", sq.Queue, taken(sq.Running, *sq.Limit, holders)), nil
 	}
 	if sq.RateWait > 0 {
-		return fmt.Sprintf("%s: next start at %s", flow.RateText(sq.RateLimit, sq.RatePeriodUS, sq.Queue, sq.ConcurrencyKey, sq.RateBucket),
-			store.FromUS(sq.RateWait).UTC().Format(time.RFC3339)), nil
+		// To the µs: with a burst the starts are apart by period/limit,
+		// often less than a second.
+		return fmt.Sprintf("%s: next start at %s", flow.RateText(sq.RateLimit, sq.RatePeriodUS, sq.RateBurst, sq.Queue, sq.ConcurrencyKey, sq.RateBucket),
+			store.FromUS(sq.RateWait).UTC().Format(time.RFC3339Nano)), nil
 	}
 	env, err := e.st.EnvStatus(ctx)
 	if err != nil {

@@ -195,7 +195,7 @@ func (o *orchestrator) decide(ctx context.Context, id int64, events []int64) (*s
 		// fail the step.
 		return nil, children.err
 	}
-	a.Steps, a.End = d.Steps, d.End
+	a.Steps, a.End, a.Rerun = d.Steps, d.End, d.Rerun
 	return a, nil
 }
 

@@ -75,7 +75,13 @@ func validateQueue(name string, p *sluice.QueueParams) error {
 	if err := validate.QueueName(name); err != nil {
 		return err
 	}
-	return validate.QueueParams(p)
+	if err := validate.QueueParams(p); err != nil {
+		return err
+	}
+	if w := p.KeyWeights.Value; w != nil {
+		return validate.KeyWeights("key_weights", *w)
+	}
+	return nil
 }
 
 // defaultListLimit is the page size when the filter leaves it 0.

@@ -254,6 +254,7 @@ func (e *Engine) runView(ctx context.Context, rec *store.RunRecord, full bool) (
 		run.Steps[i] = rs
 	}
 	run.Explain, err = e.explainRun(ctx, rec, w, run.Steps)
+	run.Explain = retryExplain(rec.Retry, run.Explain)
 	return &run, err
 }
 

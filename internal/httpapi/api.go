@@ -134,6 +134,7 @@ var Routes = []Route{
 	{"POST", "/v1/runs/{id}/cancel", ScopeAdmin, noBody, (*api).cancelRun},
 	{"POST", "/v1/runs/{id}/pause", ScopeAdmin, noBody, (*api).pauseRun},
 	{"POST", "/v1/runs/{id}/resume", ScopeAdmin, noBody, (*api).resumeRun},
+	{"POST", "/v1/runs/{id}/retry", ScopeAdmin, noBody, (*api).retryRun},
 
 	{"GET", "/v1/schedules", ScopeAdmin, noBody, (*api).listSchedules},
 	{"POST", "/v1/schedules/{id}/pause", ScopeAdmin, noBody, (*api).pauseSchedule},

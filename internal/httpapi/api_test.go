@@ -326,7 +326,11 @@ func TestBadInput(t *testing.T) {
 		{"queue short period", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"500ms"}}`, 400, "rate_limit.period", "rate_limit.period: must be ≥ 1s"},
 		{"queue rate zero", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":0,"period":"1m"}}`, 400, "rate_limit.limit", "rate_limit.limit: must be 1 to"},
 		{"queue rate period number", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":60}}`, 400, "rate_limit.period", "rate_limit.period: want a duration string"},
-		{"queue rate unknown", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"1m","burst":2}}`, 400, "rate_limit.burst", "unknown field"},
+		{"queue rate unknown", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"1m","jitter":2}}`, 400, "rate_limit.jitter", "unknown field"},
+		{"queue burst zero", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"1m","burst":0}}`, 400, "rate_limit.burst", "rate_limit.burst: must be 1 to the limit (5)"},
+		{"queue burst over the limit", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"1m","burst":6}}`, 400, "rate_limit.burst", "rate_limit.burst: must be 1 to the limit (5)"},
+		{"queue burst without a limit", "PUT", "/v1/queues/q", `{"rate_limit":{"period":"1m","burst":1}}`, 400, "rate_limit.limit", "rate_limit.limit: required with burst"},
+		{"queue burst string", "PUT", "/v1/queues/q", `{"rate_limit":{"limit":5,"period":"1m","burst":"1"}}`, 400, "rate_limit.burst", `rate_limit.burst: want integer, got string "1"`},
 		{"queue too large", "PUT", "/v1/queues/q", `{"concurrency_limit":` + strings.Repeat(" ", 2<<20) + `1}`, 413, "", "larger than"},
 
 		// Path and query parameters.
@@ -458,6 +462,7 @@ func TestAuth(t *testing.T) {
 		"POST /v1/runs/{id}/cancel":                  "",
 		"POST /v1/runs/{id}/pause":                   "",
 		"POST /v1/runs/{id}/resume":                  "",
+		"POST /v1/runs/{id}/retry":                   "",
 		"POST /v1/workflows/{name}/pause":            "",
 		"POST /v1/workflows/{name}/resume":           "",
 		"GET /v1/schedules":                          "",

@@ -377,6 +377,15 @@ func (f *fakeBackend) ResumeRun(ctx context.Context, id int64) (*sluice.Run, err
 	return fakeRun(id), nil
 }
 
+func (f *fakeBackend) RetryRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	if err := f.record("RetryRun", id); err != nil {
+		return nil, err
+	}
+	r := fakeRun(id)
+	r.Retry = 1
+	return r, nil
+}
+
 type workflowPauseCall struct {
 	Name string
 	Runs bool

@@ -56,6 +56,7 @@ func TestStoreUnavailable(t *testing.T) {
 		"POST /v1/runs/{id}/cancel":                  "",
 		"POST /v1/runs/{id}/pause":                   "",
 		"POST /v1/runs/{id}/resume":                  "",
+		"POST /v1/runs/{id}/retry":                   "",
 		"POST /v1/workflows/{name}/pause":            "",
 		"POST /v1/workflows/{name}/resume":           "",
 		"GET /v1/schedules":                          "",

@@ -455,7 +455,8 @@ func TestWorkflowRoutesMethods(t *testing.T) {
 		{"POST", "/v1/schedules", 405, "GET, HEAD"},
 		{"GET", "/v1/schedules/1/pause", 405, "POST"},
 		{"GET", "/v1/schedules/1", 404, ""},
-		{"POST", "/v1/runs/1/retry", 404, ""},
+		{"GET", "/v1/runs/1/retry", 405, "POST"},
+		{"POST", "/v1/runs/1/rewind", 404, ""},
 		{"GET", "/v1/workflows/ingest/versions", 404, ""},
 	} {
 		w := do(h, tt.method, tt.path, "", "")

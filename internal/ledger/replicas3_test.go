@@ -149,6 +149,16 @@ func TestWorkflowCancelWithHandoverChainPostgres3Replicas(t *testing.T) {
 	TestWorkflowCancelWithHandoverChain(t)
 }
 
+func TestRateBurstObservedPostgres3Replicas(t *testing.T) {
+	threeReplicasLong(t)
+	runRateBurstObserved(t)
+}
+
+func TestRunRetryLedgerPostgres3Replicas(t *testing.T) {
+	threeReplicasLong(t)
+	runRetryLedger(t)
+}
+
 // TestEveryPostgresLedgerTestHasThreeReplicas: each PostgreSQL test of
 // this package (a Test function whose name holds "Postgres") has its
 // 3-replica pass, named as the top of this file says. The tests that
@@ -339,6 +349,10 @@ func (s *spread) PauseRun(ctx context.Context, id int64) (*sluice.Run, error) {
 
 func (s *spread) ResumeRun(ctx context.Context, id int64) (*sluice.Run, error) {
 	return s.pick().ResumeRun(ctx, id)
+}
+
+func (s *spread) RetryRun(ctx context.Context, id int64) (*sluice.Run, error) {
+	return s.pick().RetryRun(ctx, id)
 }
 
 func (s *spread) PauseWorkflow(ctx context.Context, name string, runs bool) (*sluice.WorkflowInfo, error) {

@@ -19,14 +19,16 @@ type QueueSettings struct {
 	RateLimit         *int64
 	RatePeriodUS      *int64
 	RatePerKey        bool
+	// RateBurst is the rate limit's burst; nil: the limit.
+	RateBurst *int64
 }
 
 // QueueSettingsCols are the columns QueueSettings.Dest scans.
-const QueueSettingsCols = `concurrency_limit, max_backlog, handover, strategy, rate_limit, rate_period_us, rate_per_key`
+const QueueSettingsCols = `concurrency_limit, max_backlog, handover, strategy, rate_limit, rate_period_us, rate_per_key, rate_burst`
 
 // Dest is the scan destination of QueueSettingsCols.
 func (s *QueueSettings) Dest() []any {
-	return []any{&s.Limit, &s.MaxBacklog, &s.Handover, &s.Strategy, &s.RateLimit, &s.RatePeriodUS, &s.RatePerKey}
+	return []any{&s.Limit, &s.MaxBacklog, &s.Handover, &s.Strategy, &s.RateLimit, &s.RatePeriodUS, &s.RatePerKey, &s.RateBurst}
 }
 
 // Args are the values of QueueSettingsCols, to write.
@@ -35,7 +37,7 @@ func (s *QueueSettings) Args() []any {
 	if strategy == "" {
 		strategy = flow.StrategyQueue
 	}
-	return []any{s.Limit, s.MaxBacklog, s.Handover, strategy, s.RateLimit, s.RatePeriodUS, s.RatePerKey}
+	return []any{s.Limit, s.MaxBacklog, s.Handover, strategy, s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst}
 }
 
 // Apply changes the settings the params send (an absent field keeps its
@@ -61,10 +63,12 @@ func (s *QueueSettings) Apply(p sluice.QueueParams) error {
 		}
 	}
 	if p.RateLimit.Present {
-		s.RateLimit, s.RatePeriodUS, s.RatePerKey = nil, nil, false
+		// The rate limit is replaced whole: a burst left out is the
+		// new limit's default, not the old burst.
+		s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst = nil, nil, false, nil
 		if r := p.RateLimit.Value; r != nil {
 			n, per := int64(r.Limit), r.Period.D().Microseconds()
-			s.RateLimit, s.RatePeriodUS, s.RatePerKey = &n, &per, r.PerKey
+			s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst = &n, &per, r.PerKey, Int64Ptr(r.Burst)
 		}
 	}
 	if s.Strategy != "" && s.Strategy != flow.StrategyQueue && s.Limit == nil {
@@ -84,15 +88,20 @@ func (s *QueueSettings) Apply(p sluice.QueueParams) error {
 
 // Rate is the settings' rate limit as the API shows it (nil: none).
 func (s *QueueSettings) Rate() *sluice.RateLimit {
-	return RateOf(s.RateLimit, s.RatePeriodUS, s.RatePerKey)
+	return RateOf(s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst)
 }
 
-// RateOf is a rate limit from its columns (nil: none).
-func RateOf(limit, periodUS *int64, perKey bool) *sluice.RateLimit {
+// RateOf is a rate limit from its columns (nil: none). A burst is shown
+// as it was set (nil: left at the default, the limit).
+func RateOf(limit, periodUS *int64, perKey bool, burst *int64) *sluice.RateLimit {
 	if limit == nil || periodUS == nil {
 		return nil
 	}
-	return &sluice.RateLimit{Limit: int(*limit), Period: sluice.Duration(time.Duration(*periodUS) * time.Microsecond), PerKey: perKey}
+	r := &sluice.RateLimit{Limit: int(*limit), Period: sluice.Duration(time.Duration(*periodUS) * time.Microsecond), PerKey: perKey}
+	if burst != nil {
+		r.Burst = new(int(*burst))
+	}
+	return r
 }
 
 // CheckDeletable refuses to delete a queue that holds unfinished tasks.

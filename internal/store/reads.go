@@ -146,7 +146,8 @@ func SubqueueStatusSQL(ph string) string {
 			(SELECT count(*) FROM tasks r WHERE r.queue = s.queue AND r.state = '` + state + `' AND r.sq = s.id) ELSE 0 END`
 	}
 	return `SELECT s.queue, s.ckey, s.lim, s.running, ` + count("running") + `, ` + count("ready") + `,
-		s.paused, s.rwait, s.rlim, s.rper, s.rbucket FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ` + ph
+		s.paused, s.rwait, s.rlim, s.rper, s.rbucket, (SELECT q.rate_burst FROM queues q WHERE q.name = s.queue)
+		FROM tasks t JOIN subqueues s ON s.id = t.sq WHERE t.id = ` + ph
 }
 
 // GetSubqueueStatus reads the sub-queue of task taskID (sql:
@@ -164,13 +165,16 @@ func GetSubqueueStatus(ctx context.Context, r Reader, sql string, taskID int64) 
 		return nil, sluice.NotFound("task %d not found", taskID)
 	}
 	var st SubqueueStatus
-	var lim, rwait, rlim, rper *int64
+	var lim, rwait, rlim, rper, rburst *int64
 	var rbucket *string
-	if err := rows.Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.RunningTasks, &st.ReadyTasks, &st.Paused, &rwait, &rlim, &rper, &rbucket); err != nil {
+	if err := rows.Scan(&st.Queue, &st.ConcurrencyKey, &lim, &st.Running, &st.RunningTasks, &st.ReadyTasks, &st.Paused, &rwait, &rlim, &rper, &rbucket, &rburst); err != nil {
 		return nil, err
 	}
 	if rwait != nil && rlim != nil && rper != nil && rbucket != nil {
 		st.RateWait, st.RateLimit, st.RatePeriodUS, st.RateBucket = *rwait, *rlim, *rper, *rbucket
+		if rburst != nil {
+			st.RateBurst = *rburst
+		}
 	}
 	if lim != nil {
 		v := int(*lim)
@@ -322,14 +326,14 @@ func AddRunningAttempt(task *sluice.Task) {
 // state.
 func ScanQueue(row Row) (*sluice.Queue, error) {
 	var q sluice.Queue
-	var lim, backlog, rateLimit, ratePeriod *int64
+	var lim, backlog, rateLimit, ratePeriod, rateBurst *int64
 	var created, updated int64
 	var ratePerKey bool
 	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running, &q.Keyed,
-		&q.Strategy, &rateLimit, &ratePeriod, &ratePerKey, &q.Lent); err != nil {
+		&q.Strategy, &rateLimit, &ratePeriod, &ratePerKey, &q.Lent, &rateBurst); err != nil {
 		return nil, err
 	}
-	q.RateLimit = RateOf(rateLimit, ratePeriod, ratePerKey)
+	q.RateLimit = RateOf(rateLimit, ratePeriod, ratePerKey, rateBurst)
 	if lim != nil {
 		v := int(*lim)
 		q.ConcurrencyLimit = &v

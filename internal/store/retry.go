@@ -37,7 +37,7 @@ func (r *Retry) State() sluice.TaskState { return sluice.TaskState(r.state) }
 func (r *Retry) Check() error {
 	switch st := r.State(); {
 	case r.RunID != nil:
-		return sluice.Conflict("task %d belongs to workflow run %d, which decides its tasks: it cannot be retried on its own (start a new run with the same input)", r.ID, *r.RunID)
+		return sluice.Conflict("task %d belongs to workflow run %d, which decides its tasks: it cannot be retried on its own (retry its run once it has failed or been cancelled: it runs again what did not succeed)", r.ID, *r.RunID)
 	case st == sluice.StateSucceeded:
 		return sluice.Conflict("task %d succeeded: only a failed or cancelled task can be retried", r.ID)
 	case !st.Terminal():

@@ -92,6 +92,7 @@ type RunStore interface {
 	// transaction, and returns how many runs.
 	DeleteFinishedRuns(ctx context.Context, before time.Time, limit int) (int, error)
 
+	RunRetryStore
 	ScheduleStore
 }
 
@@ -143,6 +144,10 @@ type StepRecord struct {
 	FinishedAt                         *time.Time
 	// ChildRun is the run a workflow step started (0: none).
 	ChildRun int64
+	// Pass is the run's retry count (sluice.Run.Retry) when the step was
+	// created or last run again: a step of an earlier pass that did not
+	// succeed runs again (run_retry.go).
+	Pass int
 }
 
 // RunEvent asks the workflow layer to look at a run again: it started
@@ -165,6 +170,10 @@ type RunApply struct {
 	// End ends the run (nil: it goes on). A run that ends failed has its
 	// unfinished tasks cancelled, as CancelRun does.
 	End *RunEnd
+	// Rerun are stored steps (StepRecord.ID) of a retried run that ended
+	// without succeeding in an earlier pass, to run again before Steps
+	// are created (run_retry.go).
+	Rerun []int64
 }
 
 // NewStep is a step to create. A step created running gets its tasks; one
@@ -245,7 +254,7 @@ func ItemsOutput(outputs []json.RawMessage) json.RawMessage {
 
 // RunCols are the columns a RunRow scans, in order.
 const RunCols = `id, workflow, version, state, ckey, input, output, error, idempotency_key, seq, created_at, started_at, finished_at,
-	parent_run_id, (SELECT ps.name FROM run_steps ps WHERE ps.id = runs.parent_step_id)`
+	parent_run_id, (SELECT ps.name FROM run_steps ps WHERE ps.id = runs.parent_step_id), retry`
 
 // RunRow scans a run (RunCols); times are unix microseconds.
 type RunRow struct {
@@ -263,7 +272,7 @@ type RunRow struct {
 func (x *RunRow) Dest() []any {
 	r := &x.r
 	return []any{&r.ID, &r.Workflow, &r.Version, &x.state, &r.ConcurrencyKey, &x.input, &x.output, &r.Error, &x.idem, &r.Seq,
-		&x.created, &x.started, &x.finished, &x.parentRun, &x.parentStep}
+		&x.created, &x.started, &x.finished, &x.parentRun, &x.parentStep, &r.Retry}
 }
 
 // Record is the run scanned, without steps.
@@ -289,7 +298,7 @@ func (x *RunRow) Record() *RunRecord {
 
 // StepCols are the columns a StepRow scans, in order.
 const StepCols = `id, name, idx, state, items, win, active, waiting, remaining, failed, continue_on_error, output, error, created_at, finished_at,
-	(SELECT min(cr.id) FROM runs cr WHERE cr.parent_run_id = run_steps.run_id AND cr.parent_step_id = run_steps.id)`
+	(SELECT min(cr.id) FROM runs cr WHERE cr.parent_run_id = run_steps.run_id AND cr.parent_step_id = run_steps.id), pass`
 
 // StepRow scans a step (StepCols).
 type StepRow struct {
@@ -306,7 +315,7 @@ type StepRow struct {
 func (x *StepRow) Dest() []any {
 	s := &x.s
 	return []any{&s.ID, &s.Name, &s.Index, &x.state, &s.Items, &x.win, &s.Active, &s.Waiting, &s.Remaining, &s.Failed,
-		&s.ContinueOnError, &x.output, &s.Error, &x.created, &x.finished, &x.child}
+		&s.ContinueOnError, &x.output, &s.Error, &x.created, &x.finished, &x.child, &s.Pass}
 }
 
 // Record is the step scanned.

@@ -206,10 +206,10 @@ type SubqueueStatus struct {
 	RunningTasks, ReadyTasks int
 	Paused                   bool
 	// RateWait: the sub-queue waits for its rate limit (RateLimit starts
-	// per RatePeriodUS, of bucket RateBucket) until then (µs; 0: it
-	// does not).
-	RateWait, RateLimit, RatePeriodUS int64
-	RateBucket                        string
+	// per RatePeriodUS, at most RateBurst at once (0: the limit), of
+	// bucket RateBucket) until then (µs; 0: it does not).
+	RateWait, RateLimit, RatePeriodUS, RateBurst int64
+	RateBucket                                   string
 }
 
 // Shortfall is ready work no worker has room for.

@@ -200,13 +200,19 @@ const (
 )
 
 // RateLimit checks a rate limit: 1 to MaxRateLimit starts per period of
-// 1s to MaxRatePeriod.
+// 1s to MaxRatePeriod, and a burst, when given, of 1 to the limit.
 func RateLimit(field string, r sluice.RateLimit) error {
+	if r.Limit == 0 && r.Burst != nil {
+		return sluice.Invalid(field+".limit", "required with burst (the most starts in any window of period; burst ≤ limit)")
+	}
 	if r.Limit < 1 || r.Limit > MaxRateLimit {
 		return sluice.Invalid(field+".limit", "must be 1 to %d", MaxRateLimit)
 	}
 	if d := r.Period.D(); d < time.Second || d > MaxRatePeriod {
 		return sluice.Invalid(field+".period", "must be ≥ 1s and at most %s", MaxRatePeriod)
+	}
+	if b := r.Burst; b != nil && (*b < 1 || *b > r.Limit) {
+		return sluice.Invalid(field+".burst", "must be 1 to the limit (%d), or left out for the limit", r.Limit)
 	}
 	return nil
 }

@@ -61,7 +61,8 @@ func (e *Env) Active() int64 { return e.active }
 // claimed.
 func (e *Env) VTime() int64 { return e.vtime }
 
-// RR is the round-robin clock: the sub-queue served last has this rr.
+// RR is the round-robin clock (fair.go): the virtual time at which the
+// refill's latest turn began.
 func (e *Env) RR() int64 { return e.rr }
 
 // Lane is the number of suspended parents in the refill's lane (lend.go):
@@ -99,14 +100,16 @@ type Subqueue struct {
 	running, queued, rr, vtime int64
 	rate                       rateCols // rate.go
 	lent                       int64    // lend.go
+	weight                     int64    // fair.go
 	dirty                      bool
 }
 
 // Dest is the scan destination of the columns id, queue, ckey, lim,
-// paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent.
+// paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent,
+// weight.
 func (q *Subqueue) Dest() []any {
 	return []any{&q.id, &q.queue, &q.key, &q.limit, &q.paused, &q.running, &q.queued, &q.rr, &q.vtime,
-		&q.rate.bucket, &q.rate.limit, &q.rate.periodUS, &q.rate.waitUntil, &q.lent}
+		&q.rate.bucket, &q.rate.limit, &q.rate.periodUS, &q.rate.waitUntil, &q.lent, &q.weight}
 }
 
 // Lent is the number of the sub-queue's slots lent by parents waiting
@@ -134,7 +137,9 @@ func (q *Subqueue) Running() int64 { return q.running }
 // Queued is the number of tasks on the sub-queue's wait list.
 func (q *Subqueue) Queued() int64 { return q.queued }
 
-// RR is the round-robin clock's value when the sub-queue was last served.
+// RR is the sub-queue's place in the refill's round-robin (fair.go): the
+// virtual time at which its next turn begins, unless the clock has
+// passed it.
 func (q *Subqueue) RR() int64 { return q.rr }
 
 // VTime is the sub-queue's fair-queueing time: the rank of the last of its
@@ -389,7 +394,8 @@ func (c *Counters) Move(sq *Subqueue, q *Queue, from, to sluice.TaskState) error
 
 // MoveN is Move for n tasks of sub-queue sq. A move into ready that takes
 // slots gives the n tasks one fair-queueing rank, which it returns (0
-// otherwise), and moves sq to the back of the round-robin.
+// otherwise), and moves sq back in the refill's round-robin by as much
+// as n tasks of its weight take (fair.go).
 func (c *Counters) MoveN(sq *Subqueue, q *Queue, from, to sluice.TaskState, n int64) (rank int64, err error) {
 	e, err := Transition(from, to)
 	if err != nil || n <= 0 {
@@ -404,11 +410,9 @@ func (c *Counters) MoveN(sq *Subqueue, q *Queue, from, to sluice.TaskState, n in
 	if e.Slot > 0 && to == sluice.StateReady {
 		// A new slot: the tasks join fair queueing after the sub-queue's
 		// last ready task, and not before the time most recently claimed
-		// (a sub-queue that has been idle starts there).
-		rank = max(sq.vtime+1, c.Env.vtime)
-		sq.vtime = rank + n - 1
-		c.Env.rr++
-		sq.rr = c.Env.rr
+		// (a sub-queue that has been idle starts there), each a step of
+		// its weight apart (fair.go).
+		rank = c.fairStart(sq, n)
 	}
 	if e.Slot != 0 || e.Queued != 0 {
 		sq.running += e.Slot * n

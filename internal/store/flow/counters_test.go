@@ -52,25 +52,31 @@ func TestMoveRanksAndRoundRobin(t *testing.T) {
 		_, _, err := enter(&c, a, q, false)
 		require.NoError(t, err)
 	}
-	// Three took slots (ranks 1, 2, 3), two wait.
+	// Three took slots (ranks 1, 2, 3 units), two wait.
+	const u = flow.Unit
 	require.Equal(t, int64(3), a.Running())
 	require.Equal(t, int64(2), a.Queued())
-	require.Equal(t, int64(3), a.VTime())
+	require.Equal(t, int64(3*u), a.VTime())
 	require.Equal(t, 3, c.Readied())
 	// An idle sub-queue starts at the time most recently claimed.
 	rank, err := c.MoveN(b, q, flow.New, sluice.StateReady, 1)
 	require.NoError(t, err)
-	require.Equal(t, int64(1), rank)
-	require.Greater(t, b.RR(), a.RR())
+	require.Equal(t, int64(u), rank)
+	// In the round-robin it joins where the clock is: after its one
+	// task, level with a after a's three, and behind it by id.
+	require.Equal(t, a.RR(), b.RR())
+	require.True(t, a.Turn().Before(b.Turn()))
 	// Promote: as many as the limit allows, one rank for them.
 	_, err = c.MoveN(a, q, sluice.StateRunning, sluice.StateSucceeded, 2)
 	require.NoError(t, err)
 	n, rank, err := c.Promote(a)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n)
-	require.Equal(t, int64(4), rank)
-	require.Equal(t, int64(5), a.VTime())
+	require.Equal(t, int64(4*u), rank)
+	require.Equal(t, int64(5*u), a.VTime())
 	require.Equal(t, int64(0), a.Queued())
+	// Two tasks move a back by two steps.
+	require.Equal(t, b.RR()+2*u, a.RR())
 	// Under an environment limit, one task a turn.
 	c2 := flow.Counters{Env: envRow(10)}
 	q2 := c2.UseQueue(queueRow("q", nil, false))
@@ -177,20 +183,15 @@ func (m *model) pick(states ...sluice.TaskState) *task {
 	return in[m.rnd.IntN(len(in))]
 }
 
-// refill is the stores' fill: round-robin over eligible sub-queues.
+// refill is the stores' fill: round-robin over eligible sub-queues, in
+// the order flow.Turns gives.
 func (m *model) refill() {
+	turns := flow.NewTurns(m.sqs, flow.Turn{}, false)
 	for m.c.Env.HasRoom() {
-		var el []*flow.Subqueue
-		for _, sq := range m.sqs {
-			if sq.Eligible() {
-				el = append(el, sq)
-			}
-		}
-		if len(el) == 0 {
+		sq := turns.Next()
+		if sq == nil {
 			return
 		}
-		slices.SortFunc(el, func(a, b *flow.Subqueue) int { return int(a.RR() - b.RR()) })
-		sq := el[0]
 		before := sq.VTime()
 		n, rank, err := m.c.Promote(sq)
 		require.NoError(m.t, err)
@@ -433,7 +434,11 @@ func TestCountersModel(t *testing.T) {
 				q := m.c.UseQueue(queueRow(fmt.Sprint("q", i), spec.limit, spec.handover))
 				m.queues = append(m.queues, q)
 				for _, key := range []string{"", "a", "b"} {
-					m.sqs = append(m.sqs, m.c.UseSubqueue(subqueueRow(int64(len(m.sqs)+1), q, key)))
+					sq := subqueueRow(int64(len(m.sqs)+1), q, key)
+					if key == "b" {
+						setWeight(sq, 3) // weights change the order, never the counts
+					}
+					m.sqs = append(m.sqs, m.c.UseSubqueue(sq))
 				}
 			}
 			for range 2000 {

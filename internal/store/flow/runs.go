@@ -76,7 +76,8 @@ var (
 // moves to. A run takes its place when it starts and frees it when it
 // ends, wherever it was paused in between; a run that ends gives its
 // place back, and the store then moves the next queued run of its key
-// to running (taking the place again: Counters.NextRun).
+// to running (taking the place again: Counters.NextRun). The only moves
+// out of an end are a failed or cancelled run's retry.
 var runTable = func() map[runClass]map[sluice.RunState]runEffect {
 	t := map[runClass]map[sluice.RunState]runEffect{
 		runClass(NewRun): {sluice.RunQueued: {}, sluice.RunRunning: {place: 1, start: true}},
@@ -90,6 +91,13 @@ var runTable = func() map[runClass]map[sluice.RunState]runEffect {
 		t[pausedQueued][s] = runEffect{}
 		t[running][s] = runEffect{place: -1}
 		t[pausedRunning][s] = runEffect{place: -1}
+	}
+	// A failed or cancelled run retried (run_retry.go) starts again as a
+	// new run does: it takes a place, or waits queued for one (or while
+	// its workflow is paused). Its start event has the workflow layer run
+	// again what did not succeed.
+	for _, s := range []sluice.RunState{sluice.RunFailed, sluice.RunCancelled} {
+		t[runClass(s)] = map[sluice.RunState]runEffect{sluice.RunRunning: {place: 1, start: true}, sluice.RunQueued: {}}
 	}
 	return t
 }()
@@ -216,7 +224,8 @@ func (c *Counters) MoveRun(r *Run, to sluice.RunState) (RunMove, error) {
 }
 
 // StartOrWait is the state a run moves to when it may start — created,
-// resumed after a pause taken while it was queued, or next in line: running
+// resumed after a pause taken while it was queued, next in line, or
+// retried after it failed or was cancelled: running
 // when its workflow is not paused and its key has a free place (or it
 // is not limited), else queued. A paused run that had started resumes
 // running whatever the rest (it holds its place).

@@ -136,3 +136,54 @@ func TestRunPauseTableIsTheRule(t *testing.T) {
 	require.False(t, RunResumeStays("scheduled", true))
 	require.False(t, RunResumeStays("queued", false))
 }
+
+// TestRunRetryMoves: a failed or cancelled run's retry starts it again
+// as a new run starts — taking its key's place where there is room,
+// else waiting queued without one (and queued while its workflow is
+// paused) — and no other ended or live run has a retry move.
+func TestRunRetryMoves(t *testing.T) {
+	var c Counters
+	p := c.UsePlace(NewPlace("wf", "k", 0))
+	for _, end := range []sluice.RunState{sluice.RunFailed, sluice.RunCancelled} {
+		require.True(t, RunRetriable(end), end)
+		r := &Run{ID: 1, State: end, Workflow: "wf", Key: "k", Limit: 1}
+		require.False(t, r.HoldsPlace(), "an ended run holds no place")
+		to, err := c.StartOrWait(r, true)
+		require.NoError(t, err)
+		require.Equal(t, sluice.RunQueued, to, "a paused workflow starts nothing")
+		to, err = c.StartOrWait(r, false)
+		require.NoError(t, err)
+		require.Equal(t, sluice.RunRunning, to)
+		m, err := c.MoveRun(r, to)
+		require.NoError(t, err)
+		require.True(t, m.Start, "a start event: the workflow layer runs again what did not succeed")
+		require.Nil(t, m.PausedFrom)
+		require.EqualValues(t, 1, p.Active(), "the retried run took its place")
+
+		// The key is full: the next retried run waits queued, and holds
+		// nothing until its place comes.
+		r2 := &Run{ID: 2, State: end, Workflow: "wf", Key: "k", Limit: 1}
+		to, err = c.StartOrWait(r2, false)
+		require.NoError(t, err)
+		require.Equal(t, sluice.RunQueued, to)
+		_, err = c.MoveRun(&Run{ID: 3, State: end, Workflow: "wf", Key: "k", Limit: 1}, sluice.RunRunning)
+		require.ErrorContains(t, err, "no place")
+		m, err = c.MoveRun(r2, to)
+		require.NoError(t, err)
+		require.False(t, m.Start)
+		require.EqualValues(t, 1, p.Active())
+
+		_, err = c.MoveRun(r, end) // ends again, freeing the place
+		require.NoError(t, err)
+		require.EqualValues(t, 0, p.Active())
+		_, err = c.MoveRun(r2, sluice.RunCancelled)
+		require.NoError(t, err)
+	}
+	for _, s := range []sluice.RunState{sluice.RunSucceeded, sluice.RunRunning, sluice.RunQueued, sluice.RunPaused, NewRun} {
+		require.False(t, RunRetriable(s), s)
+	}
+	_, err := c.MoveRun(&Run{ID: 4, State: sluice.RunSucceeded, Workflow: "wf"}, sluice.RunRunning)
+	require.ErrorContains(t, err, "no move", "a succeeded run is never retried")
+	_, err = c.MoveRun(&Run{ID: 5, State: sluice.RunFailed, Workflow: "wf"}, sluice.RunPaused)
+	require.ErrorContains(t, err, "no move", "a retry starts or queues; a pause comes after")
+}

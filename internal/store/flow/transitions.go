@@ -35,7 +35,8 @@ type Effect struct {
 // rows here, and its conformance tests.
 //
 // A move into ready that takes a slot also gives the task a fair-queueing
-// rank and moves its sub-queue to the back of the round-robin (MoveN), and
+// rank and moves its sub-queue back in the round-robin, by its weight
+// (MoveN, fair.go), and
 // every move into ready counts as readied (claimers are woken).
 var transitions = map[[2]sluice.TaskState]Effect{
 	// Trigger (insert): scheduled if run_at is ahead; ready if its
@@ -133,13 +134,18 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{sluice.StatePaused, sluice.StateCancelled}: {Active: -1},
 	{sluice.StatePaused, sluice.StateFailed}:    {Active: -1},
 
-	// Failed or cancelled: retried by hand (RetryTask), back on the wait
-	// list as a new unfinished task (paused if its queue is); the refill
-	// gives it a slot. The only moves out of a final state.
+	// Failed or cancelled: retried by hand (RetryTask), or with its run
+	// (a retried run's step runs again: run_retry.go), back on the wait
+	// list as a new unfinished task (paused if its queue or run is); the
+	// refill gives it a slot. The only moves out of a final state.
 	{sluice.StateFailed, sluice.StateQueued}:    {Queued: +1, Active: +1},
 	{sluice.StateFailed, sluice.StatePaused}:    {Active: +1},
 	{sluice.StateCancelled, sluice.StateQueued}: {Queued: +1, Active: +1},
 	{sluice.StateCancelled, sluice.StatePaused}: {Active: +1},
+	// A fan-out item of a retried run (run_retry.go) beyond its step's
+	// window runs again once there is room: waiting, as when it was new.
+	{sluice.StateFailed, sluice.StateWaiting}:    {Active: +1},
+	{sluice.StateCancelled, sluice.StateWaiting}: {Active: +1},
 }
 
 // Transition returns the effect of a task's move from → to, or an error

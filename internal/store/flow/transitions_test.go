@@ -94,10 +94,12 @@ var allowed = map[[2]sluice.TaskState]string{
 	{sluice.StatePaused, sluice.StateCancelled}: "CancelTask",
 	{sluice.StatePaused, sluice.StateFailed}:    "ExpireDeadlines",
 
-	{sluice.StateFailed, sluice.StateQueued}:    "RetryTask",
-	{sluice.StateFailed, sluice.StatePaused}:    "RetryTask, queue paused",
-	{sluice.StateCancelled, sluice.StateQueued}: "RetryTask",
-	{sluice.StateCancelled, sluice.StatePaused}: "RetryTask, queue paused",
+	{sluice.StateFailed, sluice.StateQueued}:     "RetryTask",
+	{sluice.StateFailed, sluice.StatePaused}:     "RetryTask, queue paused",
+	{sluice.StateCancelled, sluice.StateQueued}:  "RetryTask",
+	{sluice.StateCancelled, sluice.StatePaused}:  "RetryTask, queue paused",
+	{sluice.StateFailed, sluice.StateWaiting}:    "a retried run: an item beyond its step's window",
+	{sluice.StateCancelled, sluice.StateWaiting}: "a retried run: an item beyond its step's window",
 }
 
 // Every pair of states is either a listed move, whose effect is what the
@@ -129,13 +131,14 @@ func TestTransitionsEveryPair(t *testing.T) {
 }
 
 // The table's shape: nothing leaves a final state but a retry of a
-// failed or cancelled task (RetryTask: back to the wait list, or paused),
-// nothing returns to New, no state moves to itself.
+// failed or cancelled task (RetryTask: back to the wait list, or paused;
+// a retried run's item: waiting for its window too), nothing returns to
+// New, no state moves to itself.
 func TestTransitionsShape(t *testing.T) {
 	for _, r := range flow.Rows() {
 		if r.From.Terminal() {
 			require.NotEqual(t, sluice.StateSucceeded, r.From, "%v", r)
-			require.Contains(t, []sluice.TaskState{sluice.StateQueued, sluice.StatePaused}, r.To, "%v", r)
+			require.Contains(t, []sluice.TaskState{sluice.StateQueued, sluice.StatePaused, sluice.StateWaiting}, r.To, "%v", r)
 		}
 		require.NotEqual(t, flow.New, r.To, "%v", r)
 		require.NotEqual(t, r.From, r.To, "%v", r)
@@ -227,8 +230,10 @@ func ExampleRows() {
 	// suspended → failed    slot -1, env slot +1, active -1
 	// suspended → cancelled slot -1, env slot +1, active -1
 	// suspended → paused    slot -1, env slot +1
+	// failed    → waiting   active +1
 	// failed    → queued    queued +1, active +1
 	// failed    → paused    active +1
+	// cancelled → waiting   active +1
 	// cancelled → queued    queued +1, active +1
 	// cancelled → paused    active +1
 	// paused    → scheduled

@@ -3,7 +3,6 @@ package postgres
 import (
 	"fmt"
 	"slices"
-	"sort"
 
 	"github.com/jackc/pgx/v5"
 
@@ -25,7 +24,7 @@ import (
 // statement.
 
 // sqCols are a sub-queue's columns, table alias s (flow.Subqueue.Dest).
-const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime, s.rbucket, s.rlim, s.rper, s.rwait, s.lent`
+const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime, s.rbucket, s.rlim, s.rper, s.rwait, s.lent, s.weight`
 
 // qCols are a queue's columns, table alias q (flow.Queue.Dest).
 const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active, q.strategy`
@@ -102,12 +101,13 @@ func (t *txn) flush() {
 }
 
 const eligibleSQL = `SELECT ` + sqCols + ` FROM subqueues s
-	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL ORDER BY s.rr LIMIT $1`
+	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL ORDER BY s.rr, s.id LIMIT $1`
 
 // fill promotes queued tasks into free slots until no sub-queue that has
 // room has waiting tasks, or the environment is full. Sub-queues are served
-// round-robin (least recently served first), one task per turn while the
-// environment limit binds, so one tenant's backlog cannot starve another's.
+// round-robin by weight (flow/fair.go: the least rr first, in the order
+// flow.Turns gives), one task per turn while the environment limit binds,
+// so one tenant's backlog cannot starve another's.
 // It reads only eligible sub-queues (the partial index subqueues_eligible)
 // and the heads of their task lists, never the blocked backlog.
 //
@@ -147,7 +147,7 @@ func (t *txn) queueEligible() *eligibleRead {
 
 // eligibleExceptSQL is eligibleSQL leaving out the sub-queues $2.
 const eligibleExceptSQL = `SELECT ` + sqCols + ` FROM subqueues s
-	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND s.id <> ALL($2::bigint[]) ORDER BY s.rr LIMIT $1`
+	WHERE s.queued > 0 AND NOT s.paused AND (s.lim IS NULL OR s.running < s.lim) AND s.rwait IS NULL AND s.id <> ALL($2::bigint[]) ORDER BY s.rr, s.id LIMIT $1`
 
 // queueEligibleExcept is queueEligible leaving out the sub-queues held
 // (those this transaction holds, whose rows it has not written yet).
@@ -198,8 +198,8 @@ func (t *txn) refill(pre *eligibleRead) error {
 
 // refillQueues is the refill of the sub-queues' wait lists (refill).
 func (t *txn) refillQueues(pre *eligibleRead) error {
-	more := !t.shared // a read may have left eligible sub-queues out
-	var bound int64   // until a read comes back short: the last read's end
+	more := !t.shared   // a read may have left eligible sub-queues out
+	var bound flow.Turn // until a read comes back short: the last read's end
 	for t.Env.HasRoom() {
 		if more {
 			var rows []*flow.Subqueue
@@ -220,27 +220,20 @@ func (t *txn) refillQueues(pre *eligibleRead) error {
 			more = len(rows) >= flow.FillScan
 			for _, sq := range rows {
 				t.UseSubqueue(sq) // held from now on, its copy the truth
-				bound = max(bound, sq.RR())
+				if bound.Before(sq.Turn()) {
+					bound = sq.Turn()
+				}
 			}
 		}
 		var batch []*flow.Subqueue
 		for sq := range t.Subqueues() {
-			if sq.Eligible() && (!more || sq.RR() <= bound) {
-				batch = append(batch, sq)
-			}
+			batch = append(batch, sq)
 		}
-		if len(batch) == 0 {
-			if more {
-				continue // read on
-			}
-			break
-		}
-		sort.Slice(batch, func(i, j int) bool {
-			return batch[i].RR() < batch[j].RR() || batch[i].RR() == batch[j].RR() && batch[i].ID() < batch[j].ID()
-		})
+		turns := flow.NewTurns(batch, bound, more)
 		var ps []promotion
-		for _, sq := range batch {
-			if !t.Env.HasRoom() {
+		for t.Env.HasRoom() {
+			sq := turns.Next()
+			if sq == nil {
 				break
 			}
 			p, err := t.promote(sq)
@@ -248,6 +241,20 @@ func (t *txn) refillQueues(pre *eligibleRead) error {
 				return err
 			}
 			ps = append(ps, p)
+		}
+		if len(ps) == 0 {
+			if more {
+				continue // read on
+			}
+			break
+		}
+		// A sub-queue served several turns in the step (its weight)
+		// takes, in each later turn, the tasks after its earlier ones':
+		// the step's promotions are one statement.
+		taken := map[int64]int64{}
+		for i := range ps {
+			ps[i].off = taken[ps[i].sq]
+			taken[ps[i].sq] += ps[i].n
 		}
 		t.queuePromote(ps)
 	}

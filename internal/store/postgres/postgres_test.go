@@ -118,14 +118,34 @@ func TestPostgresMigrateParksStrays(t *testing.T) {
 	st := open(t, pgtest.URL(t))
 	_, err := st.Migrate(ctx)
 	require.NoError(t, err)
-	// The parking runs with 0016_write_slices (postgres.go,
-	// migrationSteps): that is undone too, the counters back in env.
-	storetest.ParkStraysOnUpgrade(t, st, []string{"0015_unserved", "0016_write_slices"}, func(q string) error {
+	// The parking runs with 0020_ready_at (postgres.go, migrationSteps):
+	// that is undone too, with 0019_key_weights and 0016_write_slices, the
+	// counters back in env.
+	storetest.ParkStraysOnUpgrade(t, st, []string{"0015_unserved", "0016_write_slices", "0019_key_weights", "0020_ready_at"}, func(q string) error {
 		_, err := st.Pool().Exec(ctx, q+`;
 			ALTER TABLE env ADD COLUMN running BIGINT NOT NULL DEFAULT 0, ADD COLUMN active BIGINT NOT NULL DEFAULT 0,
 				ADD COLUMN vtime BIGINT NOT NULL DEFAULT 0, ADD COLUMN rr BIGINT NOT NULL DEFAULT 0;
 			UPDATE env SET (running, active, vtime, rr) = (SELECT sum(running), sum(active), max(vtime), max(rr) FROM env_slices);
-			DROP TABLE env_slices`)
+			DROP TABLE env_slices;
+			DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight;
+			ALTER TABLE tasks DROP COLUMN ready_at`)
+		return err
+	})
+}
+
+// The migration that brought key weights scales the ranks of earlier
+// versions (storetest.RanksKeepOrderOnUpgrade).
+func TestPostgresMigrateScalesRanks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.URL(t))
+	_, err := st.Migrate(ctx)
+	require.NoError(t, err)
+	storetest.RanksKeepOrderOnUpgrade(t, st, "0019_key_weights", func(q string) error {
+		_, err := st.Pool().Exec(ctx, q+`; UPDATE env_slices SET vtime = vtime / 1000000, rr = rr / 1000000;
+			DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight;
+			DROP INDEX subqueues_eligible; CREATE INDEX subqueues_eligible ON subqueues (rr)
+				WHERE queued > 0 AND NOT paused AND (lim IS NULL OR running < lim) AND rwait IS NULL`)
 		return err
 	})
 }

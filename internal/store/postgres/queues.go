@@ -27,11 +27,15 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 		if err := set.Apply(p); err != nil {
 			return err
 		}
-		t.exec("writing queue", `INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+		t.exec("writing queue", `INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)
 			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
 				handover = excluded.handover, strategy = excluded.strategy, rate_limit = excluded.rate_limit,
-				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, updated_at = excluded.updated_at`,
+				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, rate_burst = excluded.rate_burst,
+				updated_at = excluded.updated_at`,
 			append(append([]any{name}, set.Args()...), t.now)...)
+		if u, ok := store.KeyWeightsOf(p); ok {
+			t.putKeyWeights(name, u)
+		}
 		// The limit and the rate limit go to the sub-queues; a waiting
 		// sub-queue looks again at the refill, and the queue's ready
 		// tasks count against a new rate limit from now on.
@@ -73,7 +77,7 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) (store.Outcome, er
 		t.exec("deleting queue", `DELETE FROM queues WHERE name = $1`, name)
 		// Its sub-queues stay (finished tasks name them), back to the
 		// defaults a queue created anew starts with.
-		t.exec("deleting queue", `UPDATE subqueues SET lim = NULL, paused = false, rbucket = NULL, rlim = NULL, rper = NULL, rwait = NULL WHERE queue = $1`, name)
+		t.exec("deleting queue", `UPDATE subqueues SET lim = NULL, paused = false, rbucket = NULL, rlim = NULL, rper = NULL, rwait = NULL, weight = 1 WHERE queue = $1`, name)
 		t.exec("deleting queue", `DELETE FROM rate_starts WHERE bucket = $1 OR bucket LIKE $2`, name, name+" %")
 		return nil
 	})
@@ -83,18 +87,31 @@ const queueCols = `name, concurrency_limit, max_backlog, paused, handover, activ
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name),
 	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> ''),
 	strategy, rate_limit, rate_period_us, rate_per_key,
-	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name)`
+	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name),
+	rate_burst`
 
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
-	return store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = $1`,
+	q, err := store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = $1`,
 		store.StateCountsSQL(`$1`), name)
+	if err != nil {
+		return nil, err
+	}
+	return q, s.addKeyWeights(ctx, name, q)
 }
 
 // ListQueues returns every queue with counts, by name.
 func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
-	return store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name COLLATE "C"`,
+	qs, err := store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name COLLATE "C"`,
 		store.AllStateCountsSQL)
+	if err != nil {
+		return nil, err
+	}
+	ps := make([]*sluice.Queue, len(qs))
+	for i := range qs {
+		ps[i] = &qs[i]
+	}
+	return qs, s.addKeyWeights(ctx, "", ps...)
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).

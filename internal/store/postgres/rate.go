@@ -9,7 +9,8 @@ import (
 )
 
 // Rate limits, as the SQLite store's rate.go: the refill's allowance
-// for a rate-limited sub-queue, and the pass that lets sub-queues whose
+// for a rate-limited sub-queue (flow's rule, the burst's spacing
+// included), and the pass that lets sub-queues whose
 // next chance has come back into the refill. The starts are recorded by
 // the trigger rate_start (migrations/0013_rate_limits.sql). The env lock
 // serialises the transactions of every replica, so the allowance read
@@ -68,16 +69,18 @@ func (t *txn) rateAllowance(sq *flow.Subqueue) (int64, error) {
 		return nil
 	})
 	// Pending: the bucket's tasks made ready on its allowance that have
-	// not started (tasks_queue_state reads the queue's ready tasks).
+	// not started (tasks_queue_state reads the queue's ready tasks); and
+	// the queue's burst (NULL: the limit), in the same statement.
 	var pending int64
-	q, args := `SELECT count(*) FROM tasks WHERE queue = $1 AND state = 'ready' AND rated`, []any{sq.Queue()}
+	var burst *int64
+	q, args := `SELECT count(*), (SELECT rate_burst FROM queues WHERE name = $1) FROM tasks WHERE queue = $1 AND state = 'ready' AND rated`, []any{sq.Queue()}
 	if bucket != sq.Queue() {
 		q, args = q+` AND ckey = $2`, append(args, sq.Key())
 	}
-	if _, err := t.queryRow("rate limit", q, args, &pending); err != nil {
+	if _, err := t.queryRow("rate limit", q, args, &pending, &burst); err != nil {
 		return 0, err
 	}
-	allow, next := flow.Allowance(limit, period, t.now, starts, pending)
+	allow, next := flow.Allowance(limit, period, deref(burst), t.now, starts, pending)
 	if allow > 0 {
 		return allow, nil
 	}

@@ -193,6 +193,11 @@ func (t *txn) applyRun(a store.RunApply) error {
 	if len(a.Events) > 0 {
 		t.exec("deleting run events", `DELETE FROM run_events WHERE id = ANY($1)`, a.Events)
 	}
+	// A retried run's steps of an earlier pass run again first
+	// (run_retry.go): the steps it creates never need them.
+	if err := t.rerunSteps(a.RunID, a.Rerun, paused); err != nil {
+		return err
+	}
 	if err := t.createSteps(a.RunID, a.Steps, paused); err != nil {
 		return err
 	}
@@ -250,9 +255,11 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep, paused bool) error
 		}
 	}
 	ids := make(map[string]int64, n)
+	// A step is of its run's current pass (run_retry.go).
 	t.queueQuery("creating steps", `INSERT INTO run_steps (run_id, name, idx, state, items, win, active, waiting, remaining,
-			continue_on_error, output, error, created_at, finished_at)
-		SELECT $1, name, idx, state, items, win, active, waiting, remaining, coe, output, error, $2, fin
+			continue_on_error, output, error, created_at, finished_at, pass)
+		SELECT $1, name, idx, state, items, win, active, waiting, remaining, coe, output, error, $2, fin,
+			(SELECT retry FROM runs WHERE id = $1)
 		FROM unnest($3::text[], $4::int[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[],
 			$11::boolean[], $12::bytea[], $13::text[], $14::bigint[])
 			AS v(name, idx, state, items, win, active, waiting, remaining, coe, output, error, fin)

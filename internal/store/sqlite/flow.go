@@ -13,7 +13,7 @@ import (
 // its transition table), their reads and writes, and the refill that
 // promotes queued tasks to ready.
 
-const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent`
+const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent, weight`
 
 // subqueue returns the sub-queue by id.
 func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {
@@ -94,15 +94,16 @@ func (t *txn) flush() error {
 
 // fill promotes queued tasks into free slots until no sub-queue that has
 // room has waiting tasks, or the environment is full. Sub-queues are served
-// round-robin (least recently served first), one task per turn while the
-// environment limit binds, so one tenant's backlog cannot starve another's.
-// It reads only eligible sub-queues (a partial index) and the heads of
-// their task lists, never the blocked backlog.
+// round-robin by weight (flow/fair.go: the least rr first), one task per
+// turn while the environment limit binds, so one tenant's backlog cannot
+// starve another's. It reads only eligible sub-queues (a partial index)
+// and the heads of their task lists, never the blocked backlog.
 //
 // Each step reads up to fillScan eligible sub-queues in round-robin order
-// and serves them in that order, which is the order one-at-a-time reads
-// would give: serving a sub-queue changes no other's eligibility or rr,
-// and moves its own rr past every other's.
+// and serves them in the order flow.Turns gives, which is the order
+// one-at-a-time reads would give: serving a sub-queue changes no other's
+// eligibility or rr, and one whose rr moves past the last one read waits
+// for the next read.
 func (t *txn) fill() error {
 	// Lent slots first (children.go): pairs reconciled after their
 	// children moved, then the lane, ahead of every task that never ran.
@@ -137,7 +138,7 @@ func (t *txn) fillQueues() error {
 	for t.Env.HasRoom() {
 		batch = batch[:0]
 		rows, err := t.tx.QueryContext(t.ctx, `SELECT `+sqCols+` FROM subqueues
-			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) AND rwait IS NULL ORDER BY rr LIMIT ?`, flow.FillScan)
+			WHERE queued > 0 AND paused = 0 AND (lim IS NULL OR running < lim) AND rwait IS NULL ORDER BY rr, id LIMIT ?`, flow.FillScan)
 		if err != nil {
 			return fmt.Errorf("refill: %w", err)
 		}
@@ -156,13 +157,18 @@ func (t *txn) fillQueues() error {
 		if len(batch) == 0 {
 			break
 		}
-		for _, sq := range batch {
-			if !t.Env.HasRoom() {
+		// Keep one copy per transaction. The counters were flushed
+		// before the read, so a held copy holds the same values.
+		for i, sq := range batch {
+			batch[i] = t.UseSubqueue(sq)
+		}
+		turns := flow.NewTurns(batch, flow.BoundOf(batch[len(batch)-1]), len(batch) >= flow.FillScan)
+		for t.Env.HasRoom() {
+			sq := turns.Next()
+			if sq == nil {
 				break
 			}
-			// Keep one copy per transaction. The counters were flushed
-			// before the read, so a held copy holds the same values.
-			if err := t.promote(t.UseSubqueue(sq)); err != nil {
+			if err := t.promote(sq); err != nil {
 				return err
 			}
 		}

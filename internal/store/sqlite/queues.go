@@ -32,12 +32,18 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 		if err := set.Apply(p); err != nil {
 			return err
 		}
-		if _, err := t.exec(`INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		if _, err := t.exec(`INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
 				handover = excluded.handover, strategy = excluded.strategy, rate_limit = excluded.rate_limit,
-				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, updated_at = excluded.updated_at`,
+				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, rate_burst = excluded.rate_burst,
+				updated_at = excluded.updated_at`,
 			append(append([]any{name}, set.Args()...), t.now, t.now)...); err != nil {
 			return fmt.Errorf("writing queue: %w", err)
+		}
+		if u, ok := store.KeyWeightsOf(p); ok {
+			if err := t.putKeyWeights(name, u); err != nil {
+				return err
+			}
 		}
 		if err := t.setSubqueues(name); err != nil {
 			return err
@@ -87,7 +93,7 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) (store.Outcome, er
 		}
 		// Its sub-queues stay (finished tasks name them), back to the
 		// defaults a queue created anew starts with.
-		if _, err := t.exec(`UPDATE subqueues SET lim = NULL, paused = 0, rbucket = NULL, rlim = NULL, rper = NULL, rwait = NULL WHERE queue = ?`, name); err != nil {
+		if _, err := t.exec(`UPDATE subqueues SET lim = NULL, paused = 0, rbucket = NULL, rlim = NULL, rper = NULL, rwait = NULL, weight = 1 WHERE queue = ?`, name); err != nil {
 			return fmt.Errorf("deleting queue: %w", err)
 		}
 		_, err = t.exec(`DELETE FROM rate_starts WHERE bucket = ? OR bucket LIKE ?`, name, name+" %")
@@ -99,18 +105,31 @@ const queueCols = `name, concurrency_limit, max_backlog, paused, handover, activ
 	(SELECT coalesce(sum(running), 0) FROM subqueues s WHERE s.queue = queues.name),
 	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> ''),
 	strategy, rate_limit, rate_period_us, rate_per_key,
-	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name)`
+	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name),
+	rate_burst`
 
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {
-	return store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = ?`,
+	q, err := store.GetQueue(ctx, s.reader(), `SELECT `+queueCols+` FROM queues WHERE name = ?`,
 		store.StateCountsSQL(`?`), name)
+	if err != nil {
+		return nil, err
+	}
+	return q, s.addKeyWeights(ctx, name, q)
 }
 
 // ListQueues returns every queue with counts, by name.
 func (s *Store) ListQueues(ctx context.Context) ([]sluice.Queue, error) {
-	return store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name`,
+	qs, err := store.ListQueues(ctx, s.reader(), `SELECT `+queueCols+` FROM queues ORDER BY name`,
 		store.AllStateCountsSQL)
+	if err != nil {
+		return nil, err
+	}
+	ps := make([]*sluice.Queue, len(qs))
+	for i := range qs {
+		ps[i] = &qs[i]
+	}
+	return qs, s.addKeyWeights(ctx, "", ps...)
 }
 
 // SetQueuePaused pauses or resumes a queue (S-FC8).

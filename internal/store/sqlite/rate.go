@@ -9,9 +9,10 @@ import (
 
 // Rate limits: the refill's allowance for a rate-limited sub-queue, and
 // the pass that lets sub-queues whose next chance has come back into the
-// refill. The rule is flow's (rate.go); the starts are recorded by the
-// trigger rate_start (migrations/0012_rate_limits.sql) on every move to
-// running. Mirrors the PostgreSQL store's rate.go.
+// refill. The rule is flow's (rate.go), the burst's spacing included;
+// the starts are recorded by the trigger rate_start
+// (migrations/0012_rate_limits.sql) on every move to running. Mirrors
+// the PostgreSQL store's rate.go.
 
 // rateColsSQL computes a sub-queue's rbucket, rlim, rper from its queue's
 // row (alias q) and its key (the one parameter).
@@ -49,18 +50,20 @@ func (t *txn) rateAllowance(sq *flow.Subqueue) (int64, error) {
 		return 0, err
 	}
 	// Pending: the bucket's tasks made ready on its allowance that have
-	// not started (tasks_queue_state reads the queue's ready tasks).
+	// not started (tasks_queue_state reads the queue's ready tasks); and
+	// the queue's burst (NULL: the limit), in the same statement.
 	var pending int64
-	q := `SELECT count(*) FROM tasks WHERE queue = ? AND state = 'ready' AND rated`
-	args := []any{sq.Queue()}
+	var burst sql.NullInt64
+	q := `SELECT count(*), (SELECT rate_burst FROM queues WHERE name = ?) FROM tasks WHERE queue = ? AND state = 'ready' AND rated`
+	args := []any{sq.Queue(), sq.Queue()}
 	if bucket != sq.Queue() {
 		q += ` AND ckey = ?`
 		args = append(args, sq.Key())
 	}
-	if err := t.tx.QueryRowContext(t.ctx, q, args...).Scan(&pending); err != nil {
+	if err := t.tx.QueryRowContext(t.ctx, q, args...).Scan(&pending, &burst); err != nil {
 		return 0, fmt.Errorf("rate limit: %w", err)
 	}
-	allow, next := flow.Allowance(limit, period, t.now, starts, pending)
+	allow, next := flow.Allowance(limit, period, burst.Int64, t.now, starts, pending)
 	if allow > 0 {
 		return allow, nil
 	}

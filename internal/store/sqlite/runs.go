@@ -183,6 +183,11 @@ func (t *txn) applyRun(a store.RunApply) error {
 	if err := deleteEvents(t.ctx, t.tx, a.Events); err != nil {
 		return err
 	}
+	// A retried run's steps of an earlier pass run again first
+	// (run_retry.go): the steps it creates never need them.
+	if err := t.rerunSteps(a.RunID, a.Rerun, state == sluice.RunPaused); err != nil {
+		return err
+	}
 	for i := range a.Steps {
 		if err := t.createStep(a.RunID, &a.Steps[i], state == sluice.RunPaused); err != nil {
 			return err
@@ -212,9 +217,11 @@ func (t *txn) createStep(runID int64, ns *store.NewStep, paused bool) error {
 		out = []byte(ns.Output)
 	}
 	var stepID int64
+	// A step is of its run's current pass (run_retry.go).
 	err := t.tx.QueryRowContext(t.ctx, `INSERT INTO run_steps (run_id, name, idx, state, items, win, active, waiting, remaining,
-		continue_on_error, output, error, created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		runID, ns.Name, ns.Index, ns.State, ns.Items, win, active, waiting, n, ns.ContinueOnError, out, ns.Error, t.now, fin).Scan(&stepID)
+		continue_on_error, output, error, created_at, finished_at, pass)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT retry FROM runs WHERE id = ?)) RETURNING id`,
+		runID, ns.Name, ns.Index, ns.State, ns.Items, win, active, waiting, n, ns.ContinueOnError, out, ns.Error, t.now, fin, runID).Scan(&stepID)
 	if err != nil {
 		return fmt.Errorf("creating step %q: %w", ns.Name, err)
 	}

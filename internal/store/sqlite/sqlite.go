@@ -179,9 +179,14 @@ func (s *Store) Health() *store.Health { return &s.health }
 func Migrations() []string { return store.MigrationNames(migrations) }
 
 // migrationSteps are the Go steps of migrations, run after their SQL in
-// their transaction, as a write transaction (counters, refill).
+// their transaction, as a write transaction (counters, refill), which
+// reads the schema of the latest migration: a step therefore runs with
+// the last migration that changed what a write transaction reads. The
+// parking of 0014_unserved runs with 0016_key_weights (a sub-queue's
+// weight); run again on a database that had it, it finds nothing to park
+// that the store would not park anyway.
 var migrationSteps = map[string]func(t *txn) error{
-	"0014_unserved": (*txn).parkStrays,
+	"0016_key_weights": (*txn).parkStrays,
 }
 
 // Migrate applies pending migrations, each in its own transaction.

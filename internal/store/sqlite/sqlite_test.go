@@ -67,7 +67,26 @@ func TestMigrateParksStrays(t *testing.T) {
 	defer st.Close()
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)
-	storetest.ParkStraysOnUpgrade(t, st, []string{"0014_unserved"}, func(q string) error { return st.Exec(ctx, q) })
+	// The parking runs with 0016_key_weights (sqlite.go,
+	// migrationSteps): that is undone too.
+	storetest.ParkStraysOnUpgrade(t, st, []string{"0014_unserved", "0016_key_weights"}, func(q string) error {
+		return st.Exec(ctx, q+`; DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight`)
+	})
+}
+
+// The migration that brought key weights scales the ranks of earlier
+// versions (storetest.RanksKeepOrderOnUpgrade).
+func TestMigrateScalesRanks(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "m.db"))
+	require.NoError(t, err)
+	defer st.Close()
+	_, err = st.Migrate(ctx)
+	require.NoError(t, err)
+	storetest.RanksKeepOrderOnUpgrade(t, st, "0016_key_weights", func(q string) error {
+		return st.Exec(ctx, q+`; UPDATE env SET vtime = vtime / 1000000, rr = rr / 1000000;
+			DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight`)
+	})
 }
 
 func nonNil(s []string) []string {

@@ -47,15 +47,18 @@ var areas = []tests{
 	runPauseTests,
 	runPauseModelTests,
 	childRunTests,
+	runRetryTests,
 	retryTests,
 	queueUpdateTests,
 	strategyTests,
 	rateTests,
+	rateBurstTests,
 	childTests,
 	childModelTests,
 	childLendTests,
 	doctorTests,
 	parkingTests,
+	weightTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would

@@ -59,8 +59,40 @@ var rateCases = []parseCase{
 		"  - name: a",
 		"    kind: call",
 		"    queue: api",
-		"    rate_limit: {limit: 5, period: 1s, burst: 3}",
-	), want: []string{"steps[0].rate_limit.burst: unknown field…"}},
+		"    rate_limit: {limit: 5, period: 1s, jitter: 3}",
+	), want: []string{"steps[0].rate_limit.jitter: unknown field…"}},
+	{name: "rate burst", src: y(
+		"name: p",
+		"steps:",
+		"  - {name: a, kind: call, queue: api, rate_limit: {limit: 5, period: 1s, burst: 1}}",
+		"  - {name: b, kind: call, queue: api, rate_limit: {limit: 5, period: 1s, burst: 1}}",
+	)},
+	{name: "rate burst over the limit", src: y(
+		"name: p",
+		"steps:",
+		"  - {name: a, kind: call, queue: api, rate_limit: {limit: 5, period: 1s, burst: 6}}",
+	), want: []string{"steps[0].rate_limit.burst: must be 1 to the limit (5), or left out for the limit (line 3)"}},
+	{name: "rate burst zero", src: y(
+		"name: p",
+		"steps:",
+		"  - {name: a, kind: call, queue: api, rate_limit: {limit: 5, period: 1s, burst: 0}}",
+	), want: []string{"steps[0].rate_limit.burst: must be 1 to the limit…"}},
+	{name: "rate burst not a number", src: y(
+		"name: p",
+		"steps:",
+		"  - {name: a, kind: call, queue: api, rate_limit: {limit: 5, period: 1s, burst: one}}",
+	), want: []string{"steps[0].rate_limit.burst: must be an integer…"}},
+	{name: "rate burst without a limit", src: y(
+		"name: p",
+		"steps:",
+		"  - {name: a, kind: call, queue: api, rate_limit: {period: 1s, burst: 1}}",
+	), want: []string{"steps[0].rate_limit.limit: required (line 3)"}},
+	{name: "rate bursts conflicting", src: y(
+		"name: p",
+		"steps:",
+		"  - {name: a, kind: call, queue: api, rate_limit: {limit: 5, period: 1s, burst: 1}}",
+		"  - {name: b, kind: call, queue: api, rate_limit: 5/1s}",
+	), want: []string{`steps[1].rate_limit: queue "api" has rate limit 5/1s (burst 1) in another step; a rate limit is the queue's: give its steps the same one (line 4)`}},
 	{name: "rate on a workflow step", src: y(
 		"name: p",
 		"steps:",
@@ -98,14 +130,17 @@ func TestCompiledRateLimits(t *testing.T) {
 		"  - {name: a, kind: call, queue: api, rate_limit: 100/1m}",
 		"  - {name: b, kind: call, queue: per, rate_limit: {limit: 5, period: 1s, per_key: true}}",
 		"  - {name: c, kind: call, queue: api}",
+		"  - {name: d, kind: call, queue: spaced, rate_limit: {limit: 20, period: 1s, burst: 1}}",
 	), YAML)
 	require.Equal(t, map[string]sluice.RateLimit{
-		"api": {Limit: 100, Period: sluice.Duration(time.Minute)},
-		"per": {Limit: 5, Period: sluice.Duration(time.Second), PerKey: true},
+		"api":    {Limit: 100, Period: sluice.Duration(time.Minute)},
+		"per":    {Limit: 5, Period: sluice.Duration(time.Second), PerKey: true},
+		"spaced": {Limit: 20, Period: sluice.Duration(time.Second), Burst: new(1)},
 	}, w.RateLimits)
 	// The stored form compiles back to the same.
 	back, err := FromJSON(w.Canonical)
 	require.NoError(t, err)
 	require.Equal(t, w.RateLimits, back.RateLimits)
 	require.Contains(t, string(w.Canonical), `"rate_limit":{"limit":100,"period":"1m"}`)
+	require.Contains(t, string(w.Canonical), `"rate_limit":{"burst":1,"limit":20,"period":"1s"}`)
 }

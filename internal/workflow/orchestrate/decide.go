@@ -24,6 +24,9 @@
 //     ends: succeeded with its output, failed, or cancelled.
 //   - The run succeeds when every step has ended; its output is the
 //     definition's `output`, or else the last step's output.
+//   - A retried run runs again the steps of its earlier passes that did
+//     not succeed; those that succeeded or were skipped keep their
+//     outputs (retry.go).
 package orchestrate
 
 import (
@@ -62,6 +65,9 @@ type Defaults struct {
 type Decision struct {
 	Steps []store.NewStep
 	End   *store.RunEnd
+	// Rerun are the stored steps (store.StepRecord.ID) of a retried
+	// run's earlier pass that did not succeed: they run again (retry.go).
+	Rerun []int64
 }
 
 // Decide decides what run (running) does next under its definition w.
@@ -81,6 +87,7 @@ func Decide(w *definition.Workflow, run *store.RunRecord, d Defaults) Decision {
 			continue // a stored step the definition no longer names cannot happen: versions are immutable
 		}
 		r.state[i], r.out[i], r.errs[i] = s.State, s.Output, s.Error
+		r.rerun(i, &s)
 	}
 	return r.decide()
 }

@@ -27,15 +27,27 @@ function tasksLink(q, state, content) {
 }
 
 // queueTags names a queue's settings beyond its limits: handover, a
-// strategy other than waiting, a rate limit, slots lent to waiting
-// parents.
+// strategy other than waiting, a rate limit, key weights, slots lent to
+// waiting parents.
 function queueTags(q) {
   const tags = [];
   if (q.handover) tags.push(h('span', { class: 'tag', title: 'handover on' }, 'handover'));
   if (q.strategy && q.strategy !== 'queue') tags.push(h('span', { class: 'tag', title: 'what a trigger does when its sub-queue is full' }, q.strategy));
   if (q.rate_limit) {
     const r = q.rate_limit;
-    tags.push(h('span', { class: 'tag', title: 'rate limit' }, r.limit + '/' + String(r.period).replace(/m0s$/, 'm').replace(/h0m$/, 'h') + (r.per_key ? ' per key' : '')));
+    // A burst is shown when set (left out, it is the limit: the
+    // period's allowance may start at once).
+    const burst = r.burst ? ' burst ' + r.burst : '';
+    tags.push(h('span', { class: 'tag', title: r.burst ? 'rate limit: at most ' + r.burst + ' at once, the rest spread evenly' : 'rate limit' },
+      r.limit + '/' + String(r.period).replace(/m0s$/, 'm').replace(/h0m$/, 'h') + burst + (r.per_key ? ' per key' : '')));
+  }
+  // Key weights (fair queueing): named when one or two, counted beyond,
+  // every one (up to 20) in the title.
+  const weights = Object.entries(q.key_weights || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([k, w]) => k + ' ×' + w);
+  if (weights.length) {
+    const shown = weights.slice(0, 20).join(', ') + (weights.length > 20 ? ', …' : '');
+    tags.push(h('span', { class: 'tag', 'data-testid': 'queue-weights', title: 'key weights in fair queueing (every other key: ×1): ' + shown },
+      weights.length <= 2 ? weights.join(', ') : weights.length + ' weighed keys'));
   }
   if (q.lent) tags.push(h('span', { class: 'tag', title: 'slots lent to parents waiting for a child' }, q.lent + ' lent'));
   return tags;

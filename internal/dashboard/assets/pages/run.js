@@ -1,6 +1,6 @@
 // A run: its step graph (each step's state, an arrow from each step it
 // needs, and each fan-out's window fill), a timeline of every attempt of
-// its tasks, what it waits for, and pause, resume and cancel.
+// its tasks, what it waits for, and pause, resume, cancel and retry.
 import { api, ApiError } from '../api.js';
 import { h, fmtDur, fmtNum, fmtTime, qs, region } from '../dom.js';
 import { actionButton, badge, dl, jsonBlock, segments, stepLabel, table, terminal } from '../widgets.js';
@@ -280,7 +280,7 @@ export default {
         if (!ctx.alive()) return;
         const now = Date.now();
 
-        headR({ id: run.id, s: run.state, w: run.workflow, v: run.version }, () => {
+        headR({ id: run.id, s: run.state, w: run.workflow, v: run.version, r: run.retry || 0, p: run.parent_run || 0 }, () => {
           const acts = [];
           const path = '/v1/runs/' + run.id;
           if (run.state === 'running' || run.state === 'queued') {
@@ -288,6 +288,15 @@ export default {
           }
           if (run.state === 'paused') {
             acts.push(actionButton(ctx, { label: 'Resume run', key: 'run-resume', run: () => api(path + '/resume', { method: 'POST' }) }));
+          }
+          // A failed or cancelled run runs again from where it failed; a
+          // child run is retried by its parent's retry (the server says
+          // so), so it has no button of its own.
+          if ((run.state === 'failed' || run.state === 'cancelled') && !run.parent_run) {
+            acts.push(actionButton(ctx, {
+              label: 'Retry run', key: 'run-retry', run: () => api(path + '/retry', { method: 'POST' }),
+              title: 'Run again what did not succeed; steps and items that succeeded keep their outputs',
+            }));
           }
           if (!terminal(run.state)) {
             acts.push(actionButton(ctx, {
@@ -302,7 +311,8 @@ export default {
           return h('div', { class: 'page-head' },
             h('h1', {}, 'Run #' + run.id, ' ',
               h('a', { href: '/workflows/' + encodeURIComponent(run.workflow) + qs({ version: run.version }) }, run.workflow + ' v' + run.version), ' ',
-              h('span', { 'data-testid': 'run-state' }, badge(run.state))),
+              h('span', { 'data-testid': 'run-state' }, badge(run.state)),
+              run.retry ? [' ', h('span', { class: 'muted small', 'data-testid': 'run-retry' }, 'retry ' + run.retry)] : null),
             h('div', { class: 'actions' }, acts));
         });
         whyR(run.explain || '', (x) => (x ? h('p', { class: 'explain', 'data-testid': 'explain' }, h('strong', {}, terminal(run.state) ? 'Outcome: ' : 'Why: '), x) : null));

@@ -1,0 +1,13 @@
+-- A rate limit's burst (docs/flow-control.md, "Rate limits"): at most
+-- rate_burst starts at once, the rest spread one per period / limit.
+-- NULL: the limit, the window alone, as before this migration, so no
+-- existing queue changes. The refill reads it from the queue's row with
+-- its pending count (rate.go); the sub-queues carry no copy.
+--
+-- A nullable column, added without a rewrite: replicas of earlier
+-- versions may keep running (they neither read nor write it). A queue
+-- given a burst while they run has its starts spaced only by the
+-- replicas of this version, and a rate limit they write keeps the burst
+-- it had (one over the new limit is the window alone); the window holds
+-- on every replica.
+ALTER TABLE queues ADD COLUMN rate_burst BIGINT;
