@@ -637,6 +637,19 @@ func TestWorkflowLedger(t *testing.T) {
 	}
 
 	var doomed *crashable
+	// The failures are random (in.Fail percent), so a run of a seed could
+	// have none that ends a run: the first attempt of a step that has one
+	// attempt (wf-seq's two, wf-dag's d) fails for sure, once per
+	// workflow, so some run fails whatever the draw (the checks below
+	// want one).
+	var forced sync.Map
+	forceFailure := func(in wfInput) bool {
+		if (in.WF != "wf-seq" || in.Step != "two") && (in.WF != "wf-dag" || in.Step != "d") {
+			return false
+		}
+		_, done := forced.LoadOrStore(in.WF, true)
+		return !done
+	}
 	handler := func(worker string, crashed func() bool) sluice.HandlerFunc {
 		return func(ctx context.Context, tc *sluice.TaskContext) (json.RawMessage, error) {
 			var in wfInput
@@ -658,7 +671,7 @@ func TestWorkflowLedger(t *testing.T) {
 				finish(err)
 				return nil, err
 			}
-			if rand.IntN(100) < in.Fail {
+			if rand.IntN(100) < in.Fail || forceFailure(in) {
 				err := sluice.RetryAfter(fmt.Errorf("planned failure of run %d step %s attempt %d", in.Run, in.Step, tc.Attempt),
 					time.Duration(1+rand.IntN(10))*time.Millisecond)
 				finish(err)
