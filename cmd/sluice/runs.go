@@ -100,7 +100,8 @@ step's tasks (the first few and their number when there are many).`,
 		},
 	}
 	// runAction is a command that acts on one run and prints its new
-	// state (and, with explain, what it waits for).
+	// state, its retry count once it was retried, and (with explain) what
+	// it waits for.
 	runAction := func(use, short, long, example string, explain bool, call func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error)) *cobra.Command {
 		return &cobra.Command{
 			Use: use, Short: short, Long: long, Example: example,
@@ -121,7 +122,11 @@ step's tasks (the first few and their number when there are many).`,
 				if c.json() {
 					return a.printJSON(r)
 				}
-				fmt.Fprintf(a.stdout, "run %d %s\n", r.ID, r.State)
+				if r.Retry > 0 {
+					fmt.Fprintf(a.stdout, "run %d %s (retry %d)\n", r.ID, r.State, r.Retry)
+				} else {
+					fmt.Fprintf(a.stdout, "run %d %s\n", r.ID, r.State)
+				}
 				if explain && r.Explain != "" {
 					fmt.Fprintf(a.stdout, "  %s\n", r.Explain)
 				}
@@ -155,7 +160,26 @@ changes nothing.`,
 		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) {
 			return b.ResumeRun(ctx, id)
 		})
-	cmd.AddCommand(list, get, cancel, pause, resume, a.newRunsRetryCmd(&c))
+	retry := runAction("retry ID", "Retry a failed or cancelled run from where it failed",
+		`Retry a failed or cancelled run from where it failed. The run returns to
+running (or waits queued while its workflow's run limit has no place for
+it, or the workflow is paused). Its steps and fan-out items that
+succeeded keep their outputs and do not run again; every other task of it
+runs again as in a first pass (its step's window, its queue's limits and
+a pause apply), with as many attempts again as it was created with and
+its dispatch deadline counted from now. Prints the run's new state, its
+retry count and what it waits for.
+
+A run that is running, queued, paused or succeeded cannot be retried, nor
+can a child run (retry its parent run) or a run whose tasks are still
+stopping; over the server's admission ceiling the retry is refused and
+nothing changes.`,
+		`  sluice runs retry 12
+  sluice runs retry 12 -o json`, true,
+		func(b sluice.Backend, ctx context.Context, id int64) (*sluice.Run, error) {
+			return b.RetryRun(ctx, id)
+		})
+	cmd.AddCommand(list, get, cancel, pause, resume, retry)
 	return cmd
 }
 
