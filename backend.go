@@ -7,7 +7,8 @@ import "context"
 // method is safe for concurrent use.
 type Backend interface {
 	// Trigger creates a task. created is false when an idempotency key
-	// matched an existing task, which is returned instead.
+	// matched an existing task, or the trigger was merged into a pending
+	// debounced task (Task.Debounced), which is returned instead.
 	Trigger(ctx context.Context, p TriggerParams) (task *Task, created bool, err error)
 	// TriggerBatch creates up to 1000 tasks in one transaction: all are
 	// admitted or none (one *AdmissionError for the batch).

@@ -98,7 +98,10 @@ func newTransport() *http.Transport {
 }
 
 // Trigger creates a task (POST /v1/tasks). created is false when the
-// idempotency key matched an existing task.
+// idempotency key matched an existing task, or when p.Debounce (or the
+// queue's debounce) merged the trigger into a pending debounced task:
+// that task is returned, with this input and a later start, and
+// Debounced set.
 func (c *Client) Trigger(ctx context.Context, p TriggerParams) (*Task, bool, error) {
 	var t Task
 	status, err := c.do(ctx, http.MethodPost, "/v1/tasks", nil, p, &t, 0)

@@ -26,10 +26,18 @@ type Definition struct {
 
 // RunConcurrency lets at most Limit runs of a workflow be active at once
 // per value of Key (an expression on the run's input; empty: one limit
-// for the workflow). Further runs wait, queued, in order.
+// for the workflow). Strategy says what a new run does when its key is
+// full: StrategyQueue (the zero value's meaning) waits queued, in order;
+// StrategyCancelInProgress cancels the key's oldest active run, which
+// ends cancelled naming the new run, and the new run takes its place;
+// StrategyCancelNewest refuses the new run (ErrConcurrencyFull, HTTP
+// 409): nothing is created. A strategy acts on runs started by a client
+// or a schedule; a workflow step's child run and a run's retry wait
+// queued as under StrategyQueue.
 type RunConcurrency struct {
-	Limit int    `json:"limit"`
-	Key   string `json:"key,omitempty"`
+	Limit    int      `json:"limit"`
+	Key      string   `json:"key,omitempty"`
+	Strategy Strategy `json:"strategy,omitempty"`
 }
 
 // StepDefinition is one step. Fields that take expressions are strings

@@ -20,7 +20,9 @@ const (
 	// Nothing was done.
 	CodePayloadTooLarge = "payload_too_large"
 	// CodeConcurrencyFull: a trigger for a full sub-queue of a queue with
-	// strategy cancel_newest was rejected (HTTP 409); nothing was created.
+	// strategy cancel_newest, or a run of a workflow whose concurrency
+	// key is full under strategy cancel_newest, was rejected (HTTP 409);
+	// nothing was created.
 	CodeConcurrencyFull = "concurrency_full"
 	// CodeStoreUnavailable: the server cannot reach its database (connection
 	// refused or lost, the database shutting down or starting up). The HTTP
@@ -56,8 +58,8 @@ var (
 	ErrNotFound = &Error{Code: CodeNotFound}
 	ErrConflict = &Error{Code: CodeConflict}
 	ErrInvalid  = &Error{Code: CodeBadRequest}
-	// ErrConcurrencyFull matches a trigger rejected by the strategy
-	// cancel_newest (CodeConcurrencyFull).
+	// ErrConcurrencyFull matches a trigger or a run start rejected by the
+	// strategy cancel_newest (CodeConcurrencyFull).
 	ErrConcurrencyFull = &Error{Code: CodeConcurrencyFull}
 	// ErrStoreUnavailable matches an error from a call that failed because
 	// the server's database could not be reached, whether it comes from the

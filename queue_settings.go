@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-dev/sluice/protocol"
 )
 
 // Opt is one setting of a partial update (QueueParams): absent (the zero
@@ -117,21 +119,14 @@ type RateLimit struct {
 	Burst *int `json:"burst,omitempty"`
 }
 
+// Debounce merges close triggers of one thing into one task (S-FC10):
+// see protocol.Debounce, of which it is an alias (a trigger's
+// TriggerParams.Debounce and a queue's QueueParams.Debounce are one type).
+type Debounce = protocol.Debounce
+
 // String formats the limit as ParseRateLimit reads it: "100/1m".
 func (r RateLimit) String() string {
-	return strconv.Itoa(r.Limit) + "/" + shortDuration(r.Period.D())
-}
-
-// shortDuration is d as "1m" rather than "1m0s".
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
+	return strconv.Itoa(r.Limit) + "/" + r.Period.Short()
 }
 
 // ParseRateLimit reads "N/PERIOD" ("100/1m", "5/1s", "1000/1h"); a period

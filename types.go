@@ -140,6 +140,16 @@ type Task struct {
 	RunID int64  `json:"run_id,omitempty"`
 	Step  string `json:"step,omitempty"`
 	Item  *int   `json:"item,omitempty"`
+	// Debounced is set in a trigger's answer (HTTP 200) when the
+	// trigger was merged into this pending debounced task rather than
+	// creating one (see Debounce).
+	Debounced bool `json:"debounced,omitempty"`
+	// DebounceTriggers counts the triggers a debounced task stands for
+	// (1 for a debounced task no trigger merged into yet); 0: the task
+	// is not debounced. DebounceUntil is the latest start its MaxWait
+	// allows (nil: no cap).
+	DebounceTriggers int        `json:"debounce_triggers,omitempty"`
+	DebounceUntil    *time.Time `json:"debounce_until,omitempty"`
 	// Explain says why a non-terminal task is not running.
 	Explain string `json:"explain"`
 	// Attempts are the task's attempts, oldest first (empty, not nil,
@@ -228,6 +238,10 @@ type QueueParams struct {
 	// and the others keep theirs. Null: every key back to 1. A key's own
 	// concurrency_limit still caps it. See KeyWeights.
 	KeyWeights Opt[KeyWeights] `json:"key_weights,omitzero"`
+	// Debounce merges close triggers of one kind (and key, with PerKey)
+	// into one task (see Debounce). A trigger's own Debounce wins over
+	// the queue's. Null: off.
+	Debounce Opt[Debounce] `json:"debounce,omitzero"`
 }
 
 // Queue is a queue as the API returns it.
@@ -245,6 +259,8 @@ type Queue struct {
 	// KeyWeights are the keys whose weight is not 1 (see
 	// QueueParams.KeyWeights); empty when every key has weight 1.
 	KeyWeights KeyWeights `json:"key_weights"`
+	// Debounce: see QueueParams.Debounce; nil: none.
+	Debounce *Debounce `json:"debounce"`
 	// Running counts tasks holding a slot: those in state ready (claimable,
 	// no worker yet) and those in state running. Counts has each apart.
 	Running int `json:"running"`

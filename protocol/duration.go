@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -17,6 +18,19 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 
 // String formats like time.Duration.
 func (d Duration) String() string { return time.Duration(d).String() }
+
+// Short formats d as String does without the zero units it adds: "1m"
+// rather than "1m0s", "1h30m" rather than "1h30m0s".
+func (d Duration) Short() string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
 
 // MarshalJSON writes a duration string. It holds only digits, '-', '.'
 // and units (h, m, s, ms, µs, ns): nothing JSON escapes.

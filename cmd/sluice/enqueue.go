@@ -25,6 +25,7 @@ type enqueueFlags struct {
 	delay            time.Duration
 	dispatchDeadline time.Duration
 	idempotencyKey   string
+	debounce         debounceFlags
 	wait             bool
 }
 
@@ -39,11 +40,19 @@ The queue defaults to one named after the kind; naming an unknown queue
 creates it, unbounded. --key splits the queue into one sub-queue per key
 value, each with the queue's concurrency limit. With --wait, the command
 polls until the task ends, shows its progress on stderr, and exits 1 if the
-task did not succeed.`,
+task did not succeed.
+
+--debounce PERIOD merges this trigger into a pending task of the same queue
+and kind (and key, with --debounce-per-key) triggered with a debounce: that
+task takes this input and starts PERIOD from now (at the latest
+--debounce-max-wait after its first trigger), a note on stderr says so, and
+nothing is created; with no such task, a new one waits PERIOD. Without
+--debounce, the queue's debounce applies, if it has one.`,
 		Example: `  sluice enqueue echo --input '{"hello":"world"}' --wait
   sluice enqueue sleep --input '{"duration":"2s"}' --queue email --key user:42 --priority 10
   sluice enqueue http --input @request.json --delay 30s --dispatch-deadline 5m
-  sluice enqueue echo --idempotency-key order-1234 -o json`,
+  sluice enqueue echo --idempotency-key order-1234 -o json
+  sluice enqueue reindex --input '{"doc":7}' --debounce 5s --debounce-max-wait 1m`,
 		Args: exactArgs("KIND"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			params, err := f.params(args[0])
@@ -62,7 +71,10 @@ task did not succeed.`,
 				}
 				return err
 			}
-			if !created {
+			switch {
+			case task.Debounced:
+				fmt.Fprintln(a.stderr, debouncedNote(task))
+			case !created:
 				fmt.Fprintf(a.stderr, "idempotency key %q matched existing task %d: nothing was created\n", params.IdempotencyKey, task.ID)
 			}
 			if f.wait {
@@ -95,6 +107,7 @@ task did not succeed.`,
 	fs.DurationVar(&f.delay, "delay", 0, "do not start before now + this duration")
 	fs.DurationVar(&f.dispatchDeadline, "dispatch-deadline", 0, "fail the task with a capacity: error if not started this long after submission (0 = none)")
 	fs.StringVar(&f.idempotencyKey, "idempotency-key", "", "re-submitting the same task with the same key returns the existing task; another kind, queue or input with the key is refused (conflict)")
+	f.debounce.register(fs, false)
 	fs.BoolVar(&f.wait, "wait", false, "wait until the task ends, showing progress; exit 1 unless it succeeded")
 	return cmd
 }
@@ -141,6 +154,14 @@ func (f *enqueueFlags) params(kind string) (sluice.TriggerParams, error) {
 	if f.runAt != "" && f.delay != 0 {
 		return p, usagef("--run-at and --delay: give one or the other, not both")
 	}
+	deb, _, err := f.debounce.value()
+	if err != nil {
+		return p, err
+	}
+	if deb != nil && (f.runAt != "" || f.delay != 0) {
+		return p, usagef("--debounce and --run-at/--delay: a debounced task starts a period after the last trigger; give one or the other")
+	}
+	p.Debounce = deb
 	if f.runAt != "" {
 		t, err := time.Parse(time.RFC3339, f.runAt)
 		if err != nil {

@@ -123,7 +123,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"enqueue", "echo", "--run-at", "tomorrow"}, "--run-at: want an RFC 3339 time"},
 		{[]string{"enqueue", "echo", "--max-attempts", "-1"}, "--max-attempts"},
 		{[]string{"enqueue", "echo", "--nope"}, "unknown flag: --nope"},
-		{[]string{"queues", "set", "q"}, "give --concurrency-limit, --max-backlog, --strategy, --rate-limit, --key-weight and/or --handover"},
+		{[]string{"queues", "set", "q"}, "give --concurrency-limit, --max-backlog, --strategy, --rate-limit, --debounce, --key-weight and/or --handover"},
 		{[]string{"queues", "set", "q", "--handover", "yes"}, "want on or off"},
 		{[]string{"queues", "set", "q", "--concurrency-limit", "-3"}, "want an integer ≥ 1, or none"},
 		{[]string{"queues", "-o", "yaml"}, "--output: want table or json"},

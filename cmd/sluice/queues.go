@@ -27,9 +27,9 @@ func (a *app) newQueuesCmd() *cobra.Command {
 			}
 			return a.printJSON(qs)
 		}
-		tw := a.newTable("NAME", "RUNNING", "READY", "LIMIT", "RATE LIMIT", "STRATEGY", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
+		tw := a.newTable("NAME", "RUNNING", "READY", "LIMIT", "RATE LIMIT", "STRATEGY", "DEBOUNCE", "QUEUED", "RESERVED", "SCHEDULED", "ACTIVE", "MAX BACKLOG", "PAUSED", "HANDOVER", "SUCCEEDED", "FAILED", "CANCELLED")
 		for _, q := range qs {
-			row(tw, q.Name, q.Counts[sluice.StateRunning], q.Counts[sluice.StateReady], queueLimit(&q), queueRate(&q), queueStrategy(&q),
+			row(tw, q.Name, q.Counts[sluice.StateRunning], q.Counts[sluice.StateReady], queueLimit(&q), queueRate(&q), queueStrategy(&q), queueDebounce(&q),
 				q.Counts[sluice.StateQueued], q.Counts[sluice.StateReserved], q.Counts[sluice.StateScheduled],
 				q.Active, q.MaxBacklog, q.Paused, onOff(q.Handover), q.Counts[sluice.StateSucceeded], q.Counts[sluice.StateFailed], q.Counts[sluice.StateCancelled])
 		}
@@ -47,7 +47,9 @@ each sub-queue: the tasks without a concurrency key share one, and each key
 value has its own, so a queue whose tasks have keys shows "N per key" and
 may run more than N tasks in all. RATE LIMIT caps starts ("5/1s", or "5/1s
 per key" for each key apart); STRATEGY is what a trigger into a full
-sub-queue does (queue, cancel_newest or cancel_in_progress). RESERVED counts the tasks waiting, with a
+sub-queue does (queue, cancel_newest or cancel_in_progress); DEBOUNCE is
+the period after which triggers merged into one task start ("5s (max wait
+1m, per key)"). RESERVED counts the tasks waiting, with a
 worker, to start on the slot of a running task the moment it ends (HANDOVER
 on).`,
 		Args: noArgs,
@@ -87,14 +89,16 @@ on).`,
 	var perKey bool
 	var weights optKeyWeights
 	var burst int
+	var debounce debounceFlags
 	set := &cobra.Command{
 		Use:   "set NAME",
-		Short: "Set a queue's limits, strategy, rate limit, key weights and handover (creates the queue)",
-		Long: `Set a queue's concurrency limit, backlog ceiling, strategy, rate limit and
-handover, creating the queue if it does not exist. Only the settings given
-change (the server applies a partial update); "none" removes a limit
-(unbounded) or the rate limit. A limit is at least 1: 0 is refused, here and
-by the server (to run nothing, pause the queue).
+		Short: "Set a queue's limits, strategy, rate limit, debounce, key weights and handover (creates the queue)",
+		Long: `Set a queue's concurrency limit, backlog ceiling, strategy, rate limit,
+debounce and handover, creating the queue if it does not exist. Only the
+settings given change (the server applies a partial update); "none"
+removes a limit (unbounded), the rate limit or the debounce. A limit is at
+least 1: 0 is refused, here and by the server (to run nothing, pause the
+queue).
 
 --concurrency-limit caps the running tasks of each sub-queue (each
 concurrency key value has its own); --max-backlog caps the unfinished tasks
@@ -111,6 +115,12 @@ A task waiting for its rate holds no slot. --rate-burst B (1 to N; by
 default N) starts at most B at once and spreads the rest one per PERIOD/N:
 lower it when the tasks call an API that counts its limit as the calls
 arrive (--rate-burst 1: one call per PERIOD/N, never N at once).
+
+--debounce PERIOD merges the triggers of a kind that come closer than
+PERIOD apart into one pending task, which takes the last trigger's input
+and starts PERIOD after the last trigger (at the latest
+--debounce-max-wait after the first; --debounce-per-key: each concurrency
+key apart). A task that has started is never changed.
 
 --key-weight KEY=WEIGHT (repeat it for several keys) weighs concurrency
 keys in fair queueing: a backlogged key of weight 4 gets four starts for
@@ -134,7 +144,9 @@ started with --no-handover. Off by default; not with a rate limit.`,
   sluice queues set reports --key-weight tenant:gold=4 --key-weight tenant:silver=2
   sluice queues set reports --key-weight none
   sluice queues set crm --rate-limit 20/1s --rate-burst 1
-  sluice queues set api --rate-limit none`,
+  sluice queues set api --rate-limit none
+  sluice queues set search --debounce 5s --debounce-max-wait 1m --debounce-per-key
+  sluice queues set search --debounce none`,
 		Args: exactArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// The burst is part of the rate limit, which is replaced
@@ -143,8 +155,12 @@ started with --no-handover. Off by default; not with a rate limit.`,
 			if burstSet && (!rate.set || rate.v == nil) {
 				return usagef("queues set: --rate-burst goes with --rate-limit N/PERIOD")
 			}
-			if !limit.set && !backlog.set && !handover.set && !strategy.set && !rate.set && !weights.set {
-				return usagef("queues set: give --concurrency-limit, --max-backlog, --strategy, --rate-limit, --key-weight and/or --handover")
+			deb, debSet, err := debounce.value()
+			if err != nil {
+				return usagef("queues set: %v", err)
+			}
+			if !limit.set && !backlog.set && !handover.set && !strategy.set && !rate.set && !weights.set && !debSet {
+				return usagef("queues set: give --concurrency-limit, --max-backlog, --strategy, --rate-limit, --debounce, --key-weight and/or --handover")
 			}
 			if perKey && (!rate.set || rate.v == nil) {
 				return usagef("queues set: --per-key goes with --rate-limit N/PERIOD")
@@ -179,6 +195,9 @@ started with --no-handover. Off by default; not with a rate limit.`,
 			if weights.set {
 				p.KeyWeights = weights.param()
 			}
+			if debSet {
+				p.Debounce = sluice.SetOrNull(deb)
+			}
 			q, err := b.PutQueue(cmd.Context(), args[0], p)
 			if err != nil {
 				return err
@@ -194,6 +213,7 @@ started with --no-handover. Off by default; not with a rate limit.`,
 	set.Flags().BoolVar(&perKey, "per-key", false, "with --rate-limit: count each concurrency key apart, not the queue as a whole")
 	set.Flags().Var(&weights, "key-weight", "a concurrency key's weight in fair queueing, KEY=WEIGHT (1 to 1000; 1 is the default), repeatable; none: every key back to 1")
 	set.Flags().IntVar(&burst, "rate-burst", 0, "with --rate-limit N/PERIOD: most starts at once, 1 to N (default N); the rest start one per PERIOD/N")
+	debounce.register(set.Flags(), true)
 
 	del := &cobra.Command{
 		Use:   "delete NAME",
@@ -273,6 +293,7 @@ func (a *app) printQueue(c *clientFlags, q *sluice.Queue) error {
 	row(tw, "HANDOVER", onOff(q.Handover))
 	row(tw, "STRATEGY", queueStrategy(q))
 	row(tw, "RATE LIMIT", queueRate(q))
+	row(tw, "DEBOUNCE", queueDebounce(q))
 	row(tw, "KEY WEIGHTS", queueWeights(q))
 	row(tw, "RUNNING", q.Counts[sluice.StateRunning])
 	row(tw, "READY (slot, no worker yet)", q.Counts[sluice.StateReady])

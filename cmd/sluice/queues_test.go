@@ -57,11 +57,11 @@ func TestQueuesCounts(t *testing.T) {
 	}
 	lines := strings.Split(stdout, "\n")
 	for _, want := range []string{
-		`^NAME\s+RUNNING\s+READY\s+LIMIT\s+RATE LIMIT\s+STRATEGY\s+QUEUED\s+RESERVED\s+SCHEDULED\s+ACTIVE\s`,
-		`^email\s+2\s+4\s+2 per key\s+none\s+queue\s+3\s+0\s+0\s+9\s`,
-		`^plain\s+0\s+1\s+1\s+none\s+queue\s+0\s+0\s+0\s+1\s`,
-		`^api\s+0\s+0\s+none\s+5/1s per key\s+queue\s+0\s+0\s+0\s+0\s`,
-		`^deploy\s+0\s+0\s+1\s+none\s+cancel_in_progress\s+0\s+0\s+0\s+0\s`,
+		`^NAME\s+RUNNING\s+READY\s+LIMIT\s+RATE LIMIT\s+STRATEGY\s+DEBOUNCE\s+QUEUED\s+RESERVED\s+SCHEDULED\s+ACTIVE\s`,
+		`^email\s+2\s+4\s+2 per key\s+none\s+queue\s+none\s+3\s+0\s+0\s+9\s`,
+		`^plain\s+0\s+1\s+1\s+none\s+queue\s+none\s+0\s+0\s+0\s+1\s`,
+		`^api\s+0\s+0\s+none\s+5/1s per key\s+queue\s+none\s+0\s+0\s+0\s+0\s`,
+		`^deploy\s+0\s+0\s+1\s+none\s+cancel_in_progress\s+none\s+0\s+0\s+0\s+0\s`,
 	} {
 		if !matchesALine(lines, want) {
 			t.Errorf("queues: no line matches %s:\n%s", want, stdout)

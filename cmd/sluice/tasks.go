@@ -201,6 +201,9 @@ func (a *app) printTask(c *clientFlags, t *sluice.Task) error {
 	field("ERROR", t.Error)
 	field("TIMEOUT", t.Timeout)
 	field("RUN AT", t.RunAt)
+	if t.DebounceTriggers > 0 {
+		field("DEBOUNCED", taskDebounce(t))
+	}
 	field("DISPATCH DEADLINE", t.DispatchDeadlineAt)
 	field("CREATED", t.CreatedAt)
 	field("STARTED", t.StartedAt)

@@ -58,7 +58,8 @@ func seed(t *testing.T, b sluice.Backend) fixture {
 	require.NoError(t, err)
 
 	_, err = sluice.ApplyDefinition(ctx, b, sluice.Definition{
-		Name: "ingest",
+		Name:        "ingest",
+		Concurrency: &sluice.RunConcurrency{Limit: 2, Key: sluice.Expr("input.source"), Strategy: sluice.StrategyCancelInProgress},
 		Steps: []sluice.StepDefinition{
 			{Name: "prep", Kind: "wf", Input: map[string]any{"source": sluice.Expr("input.source")}},
 			{Name: "each", Kind: "wf", Needs: []string{"prep"}, WithItems: sluice.Expr("input.items"), Concurrency: 3,
@@ -202,6 +203,7 @@ func TestBrowserDashboard(t *testing.T) {
 	br.open(ts.url + "/workflows/ingest")
 	br.waitText("#main table", "input.items")
 	br.waitText("#main", "window 3")
+	br.waitText(`[data-testid="run-concurrency"]`, "strategy cancel_in_progress")
 	br.waitText("pre.definition", `"with_items"`)
 	br.screenshot("workflow", "")
 

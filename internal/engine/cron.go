@@ -36,13 +36,13 @@ type cronService struct {
 	deps   serviceDeps
 	newRun func(ctx context.Context, workflow string, version int, input []byte, idem string) (store.NewRun, error)
 	lim    func() store.Limits
-	after  func(store.Outcome)
+	after  func(context.Context, store.Outcome)
 	kicks  chan struct{}
 	passed testSignal
 }
 
 func newCronService(deps serviceDeps, cfg cronConfig, newRun func(context.Context, string, int, []byte, string) (store.NewRun, error),
-	lim func() store.Limits, after func(store.Outcome)) *cronService {
+	lim func() store.Limits, after func(context.Context, store.Outcome)) *cronService {
 	return &cronService{serviceBase: serviceBase{name: "cron", log: deps.log}, cfg: cfg, deps: deps, newRun: newRun, lim: lim,
 		after: after, kicks: make(chan struct{}, 1)}
 }
@@ -117,7 +117,7 @@ func (c *cronService) fire(ctx context.Context, s store.Schedule) error {
 		var run *store.RunRecord
 		run, o, err = c.deps.st.FireSchedule(ctx, c.lim(), s.ID, s.NextAt, next, r)
 		if err == nil {
-			c.after(o)
+			c.after(ctx, o)
 			c.log.Info("schedule fired", "workflow", s.Workflow, "schedule", s.ID, "run", run.ID, "next", next)
 			return nil
 		}

@@ -224,6 +224,11 @@ func (e *Engine) enqueue(ctx context.Context, ps []sluice.TriggerParams, enqueue
 		}
 		return nil, o, false, err
 	}
+	for _, r := range res {
+		// A debounced task waits scheduled for its period, and a merge
+		// may move a waiting one back to scheduled.
+		scheduled = scheduled || (r.Task != nil && r.Task.DebounceTriggers > 0)
+	}
 	return res, o, scheduled, nil
 }
 
@@ -248,7 +253,7 @@ func (e *Engine) newTask(p *sluice.TriggerParams) store.NewTask {
 	nt := store.NewTask{
 		Kind: p.Kind, Input: p.Input, Queue: p.Queue, ConcurrencyKey: p.ConcurrencyKey, Priority: p.Priority,
 		MaxAttempts: p.MaxAttempts, Timeout: p.Timeout.D(), DispatchDeadline: p.DispatchDeadline.D(),
-		IdempotencyKey: p.IdempotencyKey,
+		IdempotencyKey: p.IdempotencyKey, Debounce: p.Debounce,
 	}
 	if nt.Queue == "" {
 		nt.Queue = nt.Kind

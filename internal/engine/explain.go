@@ -27,6 +27,9 @@ func (e *Engine) Explain(ctx context.Context, t *sluice.Task) (string, error) {
 		if t.Attempt > 0 {
 			return fmt.Sprintf("backing off until %s after attempt %d/%d failed: %s", t.RunAt.Format(time.RFC3339Nano), t.Attempt, t.MaxAttempts, t.Error), nil
 		}
+		if t.DebounceTriggers > 0 {
+			return explainDebounced(t), nil
+		}
 		return fmt.Sprintf("scheduled: not before %s", t.RunAt.Format(time.RFC3339Nano)), nil
 	case sluice.StatePaused:
 		if t.RunID != 0 {
@@ -249,4 +252,18 @@ func windowTaken(active, window int, counts map[sluice.TaskState]int) string {
 		}
 	}
 	return taken(active, window, in)
+}
+
+// explainDebounced says when a debounced task starts unless another
+// trigger comes, and the latest it may.
+func explainDebounced(t *sluice.Task) string {
+	s := fmt.Sprintf("debounced (%d trigger", t.DebounceTriggers)
+	if t.DebounceTriggers != 1 {
+		s += "s"
+	}
+	s += fmt.Sprintf("): starts at %s unless another trigger comes", t.RunAt.Format(time.RFC3339Nano))
+	if t.DebounceUntil != nil {
+		s += fmt.Sprintf(", at the latest %s (max_wait)", t.DebounceUntil.Format(time.RFC3339Nano))
+	}
+	return s
 }

@@ -29,7 +29,7 @@ func (e *Engine) newServices() {
 	e.orchestrator = newOrchestrator(deps, orchestratorConfig{Poll: orchestratorPoll, Parallel: parallel,
 		Defaults: orchestrate.Defaults{MaxAttempts: e.cfg.DefaultMaxAttempts}}, e.defs, e.afterRun)
 	e.cron = newCronService(deps, cronConfig{MaxWait: schedulerMaxWait}, e.newRun,
-		func() store.Limits { return store.Limits{MaxActive: e.cfg.MaxActive} }, e.after)
+		func() store.Limits { return store.Limits{MaxActive: e.cfg.MaxActive} }, e.afterStart)
 	if n, ok := e.st.(store.Notifier); ok {
 		e.listener = newListener(deps, n, func(kinds []string) {
 			e.disp.wakeKinds(kinds)

@@ -142,9 +142,21 @@ func (e *Engine) startRun(ctx context.Context, p sluice.StartRunParams) (*sluice
 		}
 		return nil, false, err
 	}
-	e.after(o)
+	e.afterStart(ctx, o)
 	run, err := e.runView(ctx, rec, false)
 	return run, created, err
+}
+
+// afterStart handles the outcome of a run's start (by a client or a
+// schedule): the runs its workflow's strategy cancelled for it
+// (cancel_in_progress) get what follows a CancelRun.
+func (e *Engine) afterStart(ctx context.Context, o store.Outcome) {
+	e.after(o)
+	for _, id := range o.CancelledRuns {
+		e.waits.ended(waitKey{run: id})
+		e.queueRunCancels(ctx, id)
+		e.cancelRunChildren(ctx, id)
+	}
 }
 
 // newRun is the run to create for a workflow version (0: the latest)
@@ -169,7 +181,7 @@ func newRunOf(ctx context.Context, defs *definitions, workflow string, version i
 	if err != nil {
 		return store.NewRun{}, err
 	}
-	nr := store.NewRun{Workflow: workflow, Version: version, Input: input, IdempotencyKey: idem, Limit: w.RunLimit}
+	nr := store.NewRun{Workflow: workflow, Version: version, Input: input, IdempotencyKey: idem, Limit: w.RunLimit, Strategy: w.RunStrategy}
 	if w.RunKey != nil {
 		var in any
 		if len(input) > 0 {

@@ -172,6 +172,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"Error":                sluice.Error{},
 		"TriggerBatchResult":   sluice.TriggerBatchResult{},
 		"RateLimit":            sluice.RateLimit{},
+		"Debounce":             sluice.Debounce{},
 		"WorkflowInfo":         sluice.WorkflowInfo{},
 		"ApplyResult":          sluice.ApplyResult{},
 		"Run":                  sluice.Run{},
@@ -230,7 +231,7 @@ var responseSchemas = map[string]bool{
 	"Environment": true, "DoctorReport": true, "DoctorFinding": true, "CounterRepair": true, "WorkerRegistration": true,
 	"ClaimedTask": true, "ClaimResult": true, "ResultAck": true, "CompleteResult": true, "HeartbeatResult": true,
 	"ChildResult": true, "WaitChildResult": true, "Error": true, "WorkflowInfo": true, "ApplyResult": true, "Run": true,
-	"RunStep": true, "RunPage": true, "Schedule": true, "RateLimit": true,
+	"RunStep": true, "RunPage": true, "Schedule": true, "RateLimit": true, "Debounce": true,
 }
 
 // nullableFields lists the JSON names of struct t's pointer fields that

@@ -435,3 +435,8 @@ func leaderGauge(t *testing.T, srv *server.Server) float64 {
 	t.Fatal("no sluice_leader metric")
 	return 0
 }
+
+func TestDebounceLedgerPostgres3Replicas(t *testing.T) {
+	threeReplicasLong(t)
+	runDebounceLedger(t)
+}

@@ -21,14 +21,28 @@ type QueueSettings struct {
 	RatePerKey        bool
 	// RateBurst is the rate limit's burst; nil: the limit.
 	RateBurst *int64
+	// DebouncePeriodUS is the debounce's period (nil: none), with its
+	// max_wait (nil: no cap) and per_key.
+	DebouncePeriodUS, DebounceMaxWaitUS *int64
+	DebouncePerKey                      bool
 }
 
 // QueueSettingsCols are the columns QueueSettings.Dest scans.
-const QueueSettingsCols = `concurrency_limit, max_backlog, handover, strategy, rate_limit, rate_period_us, rate_per_key, rate_burst`
+const QueueSettingsCols = `concurrency_limit, max_backlog, handover, strategy, rate_limit, rate_period_us, rate_per_key, rate_burst,
+	debounce_period_us, debounce_max_wait_us, debounce_per_key`
+
+// QueueSettingsUpdate is the ON CONFLICT clause that writes every column
+// of QueueSettingsCols from excluded, and updated_at.
+const QueueSettingsUpdate = `concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
+	handover = excluded.handover, strategy = excluded.strategy, rate_limit = excluded.rate_limit,
+	rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, rate_burst = excluded.rate_burst,
+	debounce_period_us = excluded.debounce_period_us, debounce_max_wait_us = excluded.debounce_max_wait_us,
+	debounce_per_key = excluded.debounce_per_key, updated_at = excluded.updated_at`
 
 // Dest is the scan destination of QueueSettingsCols.
 func (s *QueueSettings) Dest() []any {
-	return []any{&s.Limit, &s.MaxBacklog, &s.Handover, &s.Strategy, &s.RateLimit, &s.RatePeriodUS, &s.RatePerKey, &s.RateBurst}
+	return []any{&s.Limit, &s.MaxBacklog, &s.Handover, &s.Strategy, &s.RateLimit, &s.RatePeriodUS, &s.RatePerKey, &s.RateBurst,
+		&s.DebouncePeriodUS, &s.DebounceMaxWaitUS, &s.DebouncePerKey}
 }
 
 // Args are the values of QueueSettingsCols, to write.
@@ -37,7 +51,8 @@ func (s *QueueSettings) Args() []any {
 	if strategy == "" {
 		strategy = flow.StrategyQueue
 	}
-	return []any{s.Limit, s.MaxBacklog, s.Handover, strategy, s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst}
+	return []any{s.Limit, s.MaxBacklog, s.Handover, strategy, s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst,
+		s.DebouncePeriodUS, s.DebounceMaxWaitUS, s.DebouncePerKey}
 }
 
 // Apply changes the settings the params send (an absent field keeps its
@@ -69,6 +84,15 @@ func (s *QueueSettings) Apply(p sluice.QueueParams) error {
 		if r := p.RateLimit.Value; r != nil {
 			n, per := int64(r.Limit), r.Period.D().Microseconds()
 			s.RateLimit, s.RatePeriodUS, s.RatePerKey, s.RateBurst = &n, &per, r.PerKey, Int64Ptr(r.Burst)
+		}
+	}
+	if p.Debounce.Present {
+		s.DebouncePeriodUS, s.DebounceMaxWaitUS, s.DebouncePerKey = nil, nil, false
+		if d := p.Debounce.Value; d != nil {
+			s.DebouncePeriodUS, s.DebouncePerKey = new(d.Period.D().Microseconds()), d.PerKey
+			if d.MaxWait > 0 {
+				s.DebounceMaxWaitUS = new(d.MaxWait.D().Microseconds())
+			}
 		}
 	}
 	if s.Strategy != "" && s.Strategy != flow.StrategyQueue && s.Limit == nil {
@@ -104,6 +128,18 @@ func RateOf(limit, periodUS *int64, perKey bool, burst *int64) *sluice.RateLimit
 	return r
 }
 
+// DebounceOf is a queue's debounce from its columns (nil: none).
+func DebounceOf(periodUS, maxWaitUS *int64, perKey bool) *sluice.Debounce {
+	if periodUS == nil {
+		return nil
+	}
+	d := &sluice.Debounce{Period: sluice.Duration(time.Duration(*periodUS) * time.Microsecond), PerKey: perKey}
+	if maxWaitUS != nil {
+		d.MaxWait = sluice.Duration(time.Duration(*maxWaitUS) * time.Microsecond)
+	}
+	return d
+}
+
 // CheckDeletable refuses to delete a queue that holds unfinished tasks.
 func CheckDeletable(q *flow.Queue) error {
 	if n := q.Active(); n > 0 {
@@ -115,6 +151,11 @@ func CheckDeletable(q *flow.Queue) error {
 // ConcurrencyFull is the error of a trigger that the strategy
 // cancel_newest rejects.
 func ConcurrencyFull(sq *flow.Subqueue) error {
+	return &sluice.Error{Code: sluice.CodeConcurrencyFull, Message: subqueueFull(sq) + " and its strategy is cancel_newest: nothing was created"}
+}
+
+// subqueueFull says that sub-queue sq is full, with its counts.
+func subqueueFull(sq *flow.Subqueue) string {
 	of := fmt.Sprintf("queue %q", sq.Queue())
 	if sq.Key() != "" {
 		of += fmt.Sprintf(" key %q", sq.Key())
@@ -123,9 +164,7 @@ func ConcurrencyFull(sq *flow.Subqueue) error {
 	if l := sq.Limit(); l != nil {
 		lim = *l
 	}
-	return &sluice.Error{Code: sluice.CodeConcurrencyFull, Message: fmt.Sprintf(
-		"%s is full (%d running, %d waiting, concurrency_limit %d) and its strategy is cancel_newest: nothing was created",
-		of, sq.Running(), sq.Queued(), lim)}
+	return fmt.Sprintf("%s is full (%d running, %d waiting, concurrency_limit %d)", of, sq.Running(), sq.Queued(), lim)
 }
 
 // StrategyReason is the error of a task that the strategy

@@ -241,6 +241,7 @@ type TaskRow struct {
 	after, runID, item                   *int64
 	step                                 *string
 	waitTask, waitRun                    *int64
+	dbTriggers, dbUntil                  *int64
 }
 
 // Dest is the scan destination of the row's columns.
@@ -249,7 +250,7 @@ func (x *TaskRow) Dest() []any {
 	return []any{&t.ID, &t.Kind, &t.Queue, &t.ConcurrencyKey, &t.Priority, &x.state, &x.pausedFrom,
 		&t.Attempt, &t.MaxAttempts, &x.input, &x.output, &t.Error, &x.timeoutUS, &x.runAt, &x.deadline, &x.idem,
 		&x.createdAt, &x.started, &x.finished, &x.workerID, &t.CancelRequested, &x.leaseAt, &x.after,
-		&x.runID, &x.step, &x.item, &x.wName, &x.waitTask, &x.waitRun, &t.WaitLent}
+		&x.runID, &x.step, &x.item, &x.wName, &x.waitTask, &x.waitRun, &t.WaitLent, &x.dbTriggers, &x.dbUntil}
 }
 
 // Task is the task scanned, with no attempts.
@@ -284,6 +285,10 @@ func (x *TaskRow) Task() *sluice.Task {
 			i := int(*x.item)
 			task.Item = &i
 		}
+	}
+	if x.dbTriggers != nil {
+		task.DebounceTriggers = int(*x.dbTriggers)
+		task.DebounceUntil = FromNullUS(x.dbUntil)
 	}
 	task.Input = JSONOrNull(x.input)
 	task.Output = JSONOrNull(x.output)
@@ -328,12 +333,14 @@ func ScanQueue(row Row) (*sluice.Queue, error) {
 	var q sluice.Queue
 	var lim, backlog, rateLimit, ratePeriod, rateBurst *int64
 	var created, updated int64
-	var ratePerKey bool
+	var ratePerKey, dbPerKey bool
+	var dbPeriod, dbMaxWait *int64
 	if err := row.Scan(&q.Name, &lim, &backlog, &q.Paused, &q.Handover, &q.Active, &created, &updated, &q.Running, &q.Keyed,
-		&q.Strategy, &rateLimit, &ratePeriod, &ratePerKey, &q.Lent, &rateBurst); err != nil {
+		&q.Strategy, &rateLimit, &ratePeriod, &ratePerKey, &q.Lent, &rateBurst, &dbPeriod, &dbMaxWait, &dbPerKey); err != nil {
 		return nil, err
 	}
 	q.RateLimit = RateOf(rateLimit, ratePeriod, ratePerKey, rateBurst)
+	q.Debounce = DebounceOf(dbPeriod, dbMaxWait, dbPerKey)
 	if lim != nil {
 		v := int(*lim)
 		q.ConcurrencyLimit = &v

@@ -39,7 +39,12 @@ type RunStore interface {
 	// behind the workflow's concurrency (NewRun.Limit). It counts as one
 	// unfinished task for admission (*sluice.AdmissionError, nothing
 	// created); the run's later tasks are never rejected. A run whose
-	// idempotency key exists is returned with created false.
+	// idempotency key exists is returned with created false. Then the
+	// workflow's strategy (NewRun.Strategy) acts on a full key:
+	// cancel_newest refuses the run (RunConcurrencyFull, nothing
+	// created), cancel_in_progress cancels the oldest run holding a place
+	// of the key as CancelRun does (Outcome.CancelledRuns), and the new
+	// run takes that place.
 	CreateRun(ctx context.Context, lim Limits, r NewRun) (run *RunRecord, created bool, o Outcome, err error)
 	// GetRun returns a run with its steps, or sluice.ErrNotFound.
 	GetRun(ctx context.Context, id int64) (*RunRecord, error)
@@ -110,6 +115,11 @@ type NewRun struct {
 	// the same Key; 0: none.
 	Limit int
 	Key   string
+	// Strategy is what the run does when its key is full: "" or
+	// flow.StrategyQueue waits queued, flow.StrategyCancelNewest is
+	// refused, flow.StrategyCancelInProgress cancels the oldest run
+	// holding a place (flow.RunStrategy). A child run ignores it.
+	Strategy string
 	// ParentRunID and ParentStepID link a child run to the workflow step
 	// that started it (0: a run of its own). The store sets ParentStepID
 	// when it creates the step (NewStep.Child).
@@ -204,6 +214,29 @@ type RunEnd struct {
 	State  sluice.RunState
 	Output json.RawMessage
 	Error  string
+	// Replaced: a new run of the key cancelled it (cancel_in_progress)
+	// and takes its place, which is not passed to the key's next queued
+	// run (flow.PassesPlace). Set by the store only.
+	Replaced bool
+}
+
+// RunConcurrencyFull is the error of a run that its workflow's strategy
+// cancel_newest refuses: its key holds active runs with places and
+// queued ones waiting for one, limit in all.
+func RunConcurrencyFull(r *NewRun, active, queued int64) error {
+	of := fmt.Sprintf("workflow %q", r.Workflow)
+	if r.Key != "" {
+		of += fmt.Sprintf(" key %q", r.Key)
+	}
+	return &sluice.Error{Code: sluice.CodeConcurrencyFull, Message: fmt.Sprintf(
+		"%s is full (%d active, %d queued, concurrency limit %d) and its strategy is cancel_newest: nothing was created",
+		of, active, queued, r.Limit)}
+}
+
+// RunReplacedError is the error of a run that the strategy
+// cancel_in_progress cancelled for new run newID.
+func RunReplacedError(newID int64) string {
+	return fmt.Sprintf("cancelled: replaced by run %d (cancel_in_progress)", newID)
 }
 
 // StepOutput is a step's output from its tasks' outputs in item order

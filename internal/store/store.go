@@ -40,6 +40,11 @@ type NewTask struct {
 	IdempotencyKey   string
 	// Run places a task of a workflow run (set by the store's ApplyRun).
 	Run *RunPlace
+	// Debounce is the trigger's own debounce (nil: its queue's, if any).
+	Debounce *sluice.Debounce
+	// Debounced is set by the debounce pass (Debounces) on a task that
+	// opens a debounce group: the store writes it with the task.
+	Debounced *DebouncedTask
 }
 
 // RunPlace is where a task of a workflow run sits.
@@ -81,6 +86,11 @@ type Outcome struct {
 	// Cancelled are running tasks a strategy (cancel_in_progress)
 	// cancelled: their workers are to stop them.
 	Cancelled []CancelledTask
+	// CancelledRuns are runs a workflow's strategy (cancel_in_progress)
+	// cancelled for a new run: the engine does for them what follows a
+	// CancelRun (their waiters woken, their running tasks' workers told,
+	// their tasks' children cancelled).
+	CancelledRuns []int64
 }
 
 // CancelledTask is a running task cancelled by a strategy, and its worker.

@@ -270,6 +270,12 @@ func (nt *NewTask) Inserted(id int64, state sluice.TaskState, runAt, now int64) 
 	if state == sluice.StatePaused {
 		task.PausedFrom = sluice.StateQueued
 	}
+	if d := nt.Debounced; d != nil {
+		task.DebounceTriggers = d.Triggers
+		if d.Until > 0 {
+			task.DebounceUntil = new(FromUS(d.Until))
+		}
+	}
 	return task
 }
 

@@ -18,6 +18,9 @@ func Child(p *sluice.ChildParams) error {
 	if p.IdempotencyKey != "" {
 		return sluice.Invalid("idempotency_key", "not allowed on a child; children are keyed by parent and call order (call)")
 	}
+	if p.Debounce != nil {
+		return sluice.Invalid("debounce", "not allowed on a child: its parent waits for this child, which a merge into another task would not be")
+	}
 	if p.Call < 0 || p.Call > MaxChildCall {
 		return sluice.Invalid("call", "must be between 1 and %d, or 0 for the next call of the parent's attempt", MaxChildCall)
 	}

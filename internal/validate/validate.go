@@ -139,7 +139,35 @@ func Trigger(p *sluice.TriggerParams) error {
 	if p.RunAt != nil && (p.RunAt.Year() < 1 || p.RunAt.Year() > 9999) {
 		return sluice.Invalid("run_at", "year must be between 1 and 9999")
 	}
+	if p.Debounce != nil {
+		if p.RunAt != nil {
+			return sluice.Invalid("debounce", "not with run_at: a debounced task starts a period after the last trigger")
+		}
+		if err := Debounce("debounce", *p.Debounce); err != nil {
+			return err
+		}
+	}
 	return text("idempotency_key", p.IdempotencyKey, MaxIdempotencyKeyLen)
+}
+
+// The bounds of a debounce's period and max_wait.
+const (
+	MinDebouncePeriod  = 10 * time.Millisecond
+	MaxDebouncePeriod  = 7 * 24 * time.Hour
+	MaxDebounceMaxWait = 30 * 24 * time.Hour
+)
+
+// Debounce checks a debounce: a period of MinDebouncePeriod to
+// MaxDebouncePeriod, and a max_wait, when given, of the period to
+// MaxDebounceMaxWait.
+func Debounce(field string, d sluice.Debounce) error {
+	if p := d.Period.D(); p < MinDebouncePeriod || p > MaxDebouncePeriod {
+		return sluice.Invalid(field+".period", "must be %s to %s", MinDebouncePeriod, MaxDebouncePeriod)
+	}
+	if w := d.MaxWait.D(); w != 0 && (w < d.Period.D() || w > MaxDebounceMaxWait) {
+		return sluice.Invalid(field+".max_wait", "must be at least the period (%s) and at most %s, or left out for no cap", d.Period.D(), MaxDebounceMaxWait)
+	}
+	return nil
 }
 
 // IdempotencyKey checks an idempotency key (empty: none).
@@ -184,6 +212,11 @@ func QueueParams(p *sluice.QueueParams) error {
 	}
 	if v := p.Strategy.Value; v != nil && (*v == "" || !v.Valid()) {
 		return sluice.Invalid("strategy", "unknown strategy %s: want queue, cancel_newest or cancel_in_progress (or null for queue)", quote(string(*v)))
+	}
+	if d := p.Debounce.Value; d != nil {
+		if err := Debounce("debounce", *d); err != nil {
+			return err
+		}
 	}
 	if r := p.RateLimit.Value; r != nil {
 		return RateLimit("rate_limit", *r)

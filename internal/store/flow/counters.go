@@ -175,14 +175,17 @@ type Queue struct {
 	limit, maxBacklog *int64
 	paused, handover  bool
 	active            int64
-	strategy          string // strategy.go
+	strategy          string       // strategy.go
+	debounce          debounceCols // debounce.go
 	dirty             bool
 }
 
 // Dest is the scan destination of the columns name, concurrency_limit,
-// max_backlog, paused, handover, active, strategy.
+// max_backlog, paused, handover, active, strategy, debounce_period_us,
+// debounce_max_wait_us, debounce_per_key.
 func (q *Queue) Dest() []any {
-	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active, &q.strategy}
+	return []any{&q.name, &q.limit, &q.maxBacklog, &q.paused, &q.handover, &q.active, &q.strategy,
+		&q.debounce.period, &q.debounce.maxWait, &q.debounce.perKey}
 }
 
 // Name is the queue's name.

@@ -250,8 +250,74 @@ func (c *Counters) StartOrWait(r *Run, workflowPaused bool) (sluice.RunState, er
 
 // PassesPlace reports whether a run's end frees a place that the next
 // queued run of its key takes (the store reads that run and moves it
-// with StartOrWait, which starts it): the run held a place and its
-// workflow is not paused (a paused workflow starts nothing).
-func PassesPlace(r *Run, workflowPaused bool) bool {
-	return r.HoldsPlace() && !workflowPaused
+// with StartOrWait, which starts it): the run held a place, its
+// workflow is not paused (a paused workflow starts nothing), and no new
+// run replaced it (RunCancelOldest: the place goes to the new run, not
+// to the queue).
+func PassesPlace(r *Run, workflowPaused, replaced bool) bool {
+	return r.HoldsPlace() && !workflowPaused && !replaced
+}
+
+// Run strategies: what a new run of a workflow does when its key is
+// full, as the workflow's concurrency says (strategy: the values of the
+// task strategies, strategy.go; "" is StrategyQueue). They act on the
+// runs a client or a schedule starts: a child run (a workflow step's)
+// and a run's retry are internal work of an admitted run, never refused,
+// and take a place or wait queued as under StrategyQueue.
+
+// RunVerdict is a run strategy's decision for a new run.
+type RunVerdict int
+
+const (
+	// RunAdmit: the run takes a place or waits queued (StartOrWait).
+	RunAdmit RunVerdict = iota
+	// RunReject: the start is refused (cancel_newest); nothing is
+	// created.
+	RunReject
+	// RunCancelOldest: the oldest run of the key holding a place (by
+	// id) is cancelled for the new one (cancel_in_progress). The store
+	// inserts the new run queued (so that the cancelled run's error can
+	// name it), ends the oldest holder cancelled without passing its
+	// place on (PassesPlace, replaced), then moves the new run with
+	// StartOrWait, which starts it on the place freed.
+	RunCancelOldest
+)
+
+// RunStrategyActs reports whether a new run's strategy can act: the run
+// is limited, is not a child run, and its strategy is not
+// StrategyQueue. The store reads what RunStrategy needs (the key's
+// queued runs, its oldest holder) only then.
+func RunStrategyActs(r *Run, strategy string, child bool) bool {
+	return r.Limit > 0 && !child && r.State == NewRun && strategy != "" && strategy != StrategyQueue
+}
+
+// RunStrategy is the verdict of strategy for new run r (its place held:
+// UsePlace), a child run or not, whose workflow is paused or not, with
+// queued runs of its key waiting for a place (queued, or paused while
+// queued). Under cancel_newest the key is full when its places held and
+// its queued runs reach the limit, so that it never holds more than its
+// limit of runs (as a sub-queue under the task strategy); under
+// cancel_in_progress when its places are all held, and the workflow is
+// not paused (a paused workflow starts nothing: the run waits queued,
+// cancelling nothing). An unknown strategy is an error.
+func (c *Counters) RunStrategy(r *Run, strategy string, child, wfPaused bool, queued int64) (RunVerdict, error) {
+	switch strategy {
+	case "", StrategyQueue, StrategyCancelNewest, StrategyCancelInProgress:
+	default:
+		return RunAdmit, fmt.Errorf("run of %s: unknown concurrency strategy %q", r.Workflow, strategy)
+	}
+	if !RunStrategyActs(r, strategy, child) {
+		return RunAdmit, nil
+	}
+	p, err := c.place(r)
+	if err != nil {
+		return RunAdmit, err
+	}
+	switch {
+	case strategy == StrategyCancelNewest && p.active+queued >= r.Limit:
+		return RunReject, nil
+	case strategy == StrategyCancelInProgress && !wfPaused && p.active >= r.Limit:
+		return RunCancelOldest, nil
+	}
+	return RunAdmit, nil
 }

@@ -48,8 +48,9 @@ func TestRunTableMovesPlaces(t *testing.T) {
 	require.False(t, m.Start)
 
 	// The end frees it and passes it on; a paused workflow starts nothing.
-	require.True(t, PassesPlace(r1, false))
-	require.False(t, PassesPlace(r1, true))
+	require.True(t, PassesPlace(r1, false, false))
+	require.False(t, PassesPlace(r1, false, true), "a run replaced (cancel_in_progress) leaves its place to the new run")
+	require.False(t, PassesPlace(r1, true, false))
 	_, err = c.MoveRun(r1, sluice.RunSucceeded)
 	require.NoError(t, err)
 	require.EqualValues(t, 0, p.Active())
@@ -186,4 +187,93 @@ func TestRunRetryMoves(t *testing.T) {
 	require.ErrorContains(t, err, "no move", "a succeeded run is never retried")
 	_, err = c.MoveRun(&Run{ID: 5, State: sluice.RunFailed, Workflow: "wf"}, sluice.RunPaused)
 	require.ErrorContains(t, err, "no move", "a retry starts or queues; a pause comes after")
+}
+
+// TestRunStrategy is every verdict of the run strategies, by the key's
+// places and queued runs, the workflow's pause and the run's kind.
+func TestRunStrategy(t *testing.T) {
+	for _, tt := range []struct {
+		name             string
+		strategy         string
+		limit, active, q int64
+		child, wfPaused  bool
+		want             RunVerdict
+	}{
+		{"queue full", StrategyQueue, 1, 1, 3, false, false, RunAdmit},
+		{"default full", "", 1, 1, 3, false, false, RunAdmit},
+		{"newest room", StrategyCancelNewest, 2, 1, 0, false, false, RunAdmit},
+		{"newest places full", StrategyCancelNewest, 1, 1, 0, false, false, RunReject},
+		{"newest places and queue full", StrategyCancelNewest, 2, 1, 1, false, false, RunReject},
+		{"newest queue full in a paused workflow", StrategyCancelNewest, 1, 0, 1, false, true, RunReject},
+		{"newest room in a paused workflow", StrategyCancelNewest, 2, 0, 1, false, true, RunAdmit},
+		{"newest child", StrategyCancelNewest, 1, 1, 0, true, false, RunAdmit},
+		{"in progress room", StrategyCancelInProgress, 2, 1, 0, false, false, RunAdmit},
+		{"in progress full", StrategyCancelInProgress, 1, 1, 0, false, false, RunCancelOldest},
+		{"in progress full with a queue", StrategyCancelInProgress, 1, 1, 2, false, false, RunCancelOldest},
+		{"in progress places free, queued runs", StrategyCancelInProgress, 2, 1, 1, false, false, RunAdmit},
+		{"in progress paused workflow", StrategyCancelInProgress, 1, 1, 0, false, true, RunAdmit},
+		{"in progress child", StrategyCancelInProgress, 1, 1, 0, true, false, RunAdmit},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var c Counters
+			c.UsePlace(NewPlace("wf", "k", tt.active))
+			r := &Run{State: NewRun, Workflow: "wf", Key: "k", Limit: tt.limit}
+			v, err := c.RunStrategy(r, tt.strategy, tt.child, tt.wfPaused, tt.q)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, v)
+			require.Equal(t, tt.want != RunAdmit || (tt.strategy != "" && tt.strategy != StrategyQueue && !tt.child),
+				RunStrategyActs(r, tt.strategy, tt.child))
+		})
+	}
+
+	var c Counters
+	// A run without a limit takes no place: no strategy acts on it.
+	v, err := c.RunStrategy(&Run{State: NewRun, Workflow: "wf"}, StrategyCancelNewest, false, false, 5)
+	require.NoError(t, err)
+	require.Equal(t, RunAdmit, v)
+	// A run moving again (a retry) is no new run.
+	c.UsePlace(NewPlace("wf", "k", 1))
+	v, err = c.RunStrategy(&Run{ID: 1, State: sluice.RunFailed, Workflow: "wf", Key: "k", Limit: 1}, StrategyCancelNewest, false, false, 0)
+	require.NoError(t, err)
+	require.Equal(t, RunAdmit, v)
+	_, err = c.RunStrategy(&Run{State: NewRun, Workflow: "wf", Key: "k", Limit: 1}, "drop", false, false, 0)
+	require.ErrorContains(t, err, `unknown concurrency strategy "drop"`)
+	_, err = c.RunStrategy(&Run{State: NewRun, Workflow: "wf", Key: "other", Limit: 1}, StrategyCancelNewest, false, false, 0)
+	require.ErrorContains(t, err, "not held", "the key's place is read first")
+}
+
+// TestRunCancelOldestKeepsThePlace walks cancel_in_progress through the
+// core as a store does: the new run enters queued, the oldest holder
+// ends without passing its place on, and the new run starts on it; the
+// key's places never pass the limit, and the run queued before stays
+// queued.
+func TestRunCancelOldestKeepsThePlace(t *testing.T) {
+	var c Counters
+	p := c.UsePlace(NewPlace("wf", "k", 0))
+	old := &Run{ID: 1, State: NewRun, Workflow: "wf", Key: "k", Limit: 1}
+	_, err := c.MoveRun(old, sluice.RunRunning)
+	require.NoError(t, err)
+	waiting := &Run{ID: 2, State: NewRun, Workflow: "wf", Key: "k", Limit: 1}
+	_, err = c.MoveRun(waiting, sluice.RunQueued)
+	require.NoError(t, err)
+
+	nw := &Run{State: NewRun, Workflow: "wf", Key: "k", Limit: 1}
+	v, err := c.RunStrategy(nw, StrategyCancelInProgress, false, false, 1)
+	require.NoError(t, err)
+	require.Equal(t, RunCancelOldest, v)
+	_, err = c.MoveRun(nw, sluice.RunQueued)
+	require.NoError(t, err)
+	nw.ID = 3
+	require.False(t, PassesPlace(old, false, true))
+	_, err = c.MoveRun(old, sluice.RunCancelled)
+	require.NoError(t, err)
+	require.EqualValues(t, 0, p.Active())
+	to, err := c.StartOrWait(nw, false)
+	require.NoError(t, err)
+	require.Equal(t, sluice.RunRunning, to)
+	m, err := c.MoveRun(nw, to)
+	require.NoError(t, err)
+	require.True(t, m.Start)
+	require.EqualValues(t, 1, p.Active())
+	require.Equal(t, sluice.RunQueued, waiting.State)
 }

@@ -65,13 +65,16 @@ var transitions = map[[2]sluice.TaskState]Effect{
 	{sluice.StateScheduled, sluice.StateFailed}:    {Active: -1},
 
 	// Queued: promoted by the refill into a free slot, reserved behind a
-	// running task (handover), parked by a pause, cancelled, or past its
-	// dispatch deadline.
+	// running task (handover), parked by a pause, cancelled, past its
+	// dispatch deadline, or (debounced) scheduled again by a trigger.
 	{sluice.StateQueued, sluice.StateReady}:     {Queued: -1, Slot: +1},
 	{sluice.StateQueued, sluice.StateReserved}:  {Queued: -1},
 	{sluice.StateQueued, sluice.StatePaused}:    {Queued: -1},
 	{sluice.StateQueued, sluice.StateCancelled}: {Queued: -1, Active: -1},
 	{sluice.StateQueued, sluice.StateFailed}:    {Queued: -1, Active: -1},
+	// A debounced task a later trigger merges into (debounce.go): its
+	// start moves on, off the wait list.
+	{sluice.StateQueued, sluice.StateScheduled}: {Queued: -1},
 
 	// Ready (holds its slots): claimed, parked by a pause (the slot goes
 	// back), cancelled, or past its dispatch deadline.

@@ -94,6 +94,8 @@ var allowed = map[[2]sluice.TaskState]string{
 	{sluice.StatePaused, sluice.StateCancelled}: "CancelTask",
 	{sluice.StatePaused, sluice.StateFailed}:    "ExpireDeadlines",
 
+	{sluice.StateQueued, sluice.StateScheduled}: "a debounced task a trigger merges into: its start moved on",
+
 	{sluice.StateFailed, sluice.StateQueued}:     "RetryTask",
 	{sluice.StateFailed, sluice.StatePaused}:     "RetryTask, queue paused",
 	{sluice.StateCancelled, sluice.StateQueued}:  "RetryTask",
@@ -201,6 +203,7 @@ func ExampleRows() {
 	// scheduled → failed    active -1
 	// scheduled → cancelled active -1
 	// scheduled → paused
+	// queued    → scheduled queued -1
 	// queued    → reserved  queued -1
 	// queued    → ready     slot +1, queued -1
 	// queued    → failed    queued -1, active -1

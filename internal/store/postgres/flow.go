@@ -27,7 +27,8 @@ import (
 const sqCols = `s.id, s.queue, s.ckey, s.lim, s.paused, s.running, s.queued, s.rr, s.vtime, s.rbucket, s.rlim, s.rper, s.rwait, s.lent, s.weight`
 
 // qCols are a queue's columns, table alias q (flow.Queue.Dest).
-const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active, q.strategy`
+const qCols = `q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active, q.strategy,
+	q.debounce_period_us, q.debounce_max_wait_us, q.debounce_per_key`
 
 // subqueue returns the sub-queue by id.
 func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {

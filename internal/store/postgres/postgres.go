@@ -276,13 +276,14 @@ func (s *Store) MigrateTo(ctx context.Context, target string) ([]string, error) 
 // their transaction, as a write transaction (counters, refill), which
 // reads the schema of the latest migration: a step therefore runs with
 // the last migration that changed what a write transaction reads. The
-// parking of 0015_unserved runs with 0020_ready_at (a promotion writes
-// when a task became ready; before it, 0019_key_weights gave sub-queues
-// their weight and 0016_write_slices moved the environment's counters);
+// parking of 0015_unserved runs with 0022_debounce (a queue's debounce;
+// before it, 0020_ready_at had a promotion write when a task became
+// ready, 0019_key_weights gave sub-queues their weight and
+// 0016_write_slices moved the environment's counters);
 // run again on a database that had it, it finds nothing to park that the
 // store would not park anyway.
 var migrationSteps = map[string]func(t *txn) error{
-	"0020_ready_at": (*txn).parkStrays,
+	"0022_debounce": (*txn).parkStrays,
 }
 
 // migrate applies one migration unless it was applied, and reports

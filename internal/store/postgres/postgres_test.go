@@ -118,17 +118,20 @@ func TestPostgresMigrateParksStrays(t *testing.T) {
 	st := open(t, pgtest.URL(t))
 	_, err := st.Migrate(ctx)
 	require.NoError(t, err)
-	// The parking runs with 0020_ready_at (postgres.go, migrationSteps):
-	// that is undone too, with 0019_key_weights and 0016_write_slices, the
-	// counters back in env.
-	storetest.ParkStraysOnUpgrade(t, st, []string{"0015_unserved", "0016_write_slices", "0019_key_weights", "0020_ready_at"}, func(q string) error {
+	// The parking runs with 0022_debounce (postgres.go, migrationSteps):
+	// that is undone too, with 0020_ready_at, 0019_key_weights and
+	// 0016_write_slices, the counters back in env.
+	storetest.ParkStraysOnUpgrade(t, st, []string{"0015_unserved", "0016_write_slices", "0019_key_weights", "0020_ready_at", "0022_debounce"}, func(q string) error {
 		_, err := st.Pool().Exec(ctx, q+`;
 			ALTER TABLE env ADD COLUMN running BIGINT NOT NULL DEFAULT 0, ADD COLUMN active BIGINT NOT NULL DEFAULT 0,
 				ADD COLUMN vtime BIGINT NOT NULL DEFAULT 0, ADD COLUMN rr BIGINT NOT NULL DEFAULT 0;
 			UPDATE env SET (running, active, vtime, rr) = (SELECT sum(running), sum(active), max(vtime), max(rr) FROM env_slices);
 			DROP TABLE env_slices;
 			DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight;
-			ALTER TABLE tasks DROP COLUMN ready_at`)
+			ALTER TABLE tasks DROP COLUMN ready_at;
+			DROP TABLE debounce_keys; DROP INDEX tasks_debounce;
+			ALTER TABLE tasks DROP COLUMN debounce_group, DROP COLUMN debounce_until, DROP COLUMN debounce_triggers;
+			ALTER TABLE queues DROP COLUMN debounce_period_us, DROP COLUMN debounce_max_wait_us, DROP COLUMN debounce_per_key`)
 		return err
 	})
 }

@@ -27,11 +27,8 @@ func (s *Store) PutQueue(ctx context.Context, name string, p sluice.QueueParams)
 		if err := set.Apply(p); err != nil {
 			return err
 		}
-		t.exec("writing queue", `INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)
-			ON CONFLICT (name) DO UPDATE SET concurrency_limit = excluded.concurrency_limit, max_backlog = excluded.max_backlog,
-				handover = excluded.handover, strategy = excluded.strategy, rate_limit = excluded.rate_limit,
-				rate_period_us = excluded.rate_period_us, rate_per_key = excluded.rate_per_key, rate_burst = excluded.rate_burst,
-				updated_at = excluded.updated_at`,
+		t.exec("writing queue", `INSERT INTO queues (name, `+store.QueueSettingsCols+`, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)
+			ON CONFLICT (name) DO UPDATE SET `+store.QueueSettingsUpdate,
 			append(append([]any{name}, set.Args()...), t.now)...)
 		if u, ok := store.KeyWeightsOf(p); ok {
 			t.putKeyWeights(name, u)
@@ -88,7 +85,7 @@ const queueCols = `name, concurrency_limit, max_backlog, paused, handover, activ
 	EXISTS (SELECT 1 FROM subqueues s WHERE s.queue = queues.name AND s.ckey <> ''),
 	strategy, rate_limit, rate_period_us, rate_per_key,
 	(SELECT coalesce(sum(lent), 0) FROM subqueues s WHERE s.queue = queues.name),
-	rate_burst`
+	rate_burst, debounce_period_us, debounce_max_wait_us, debounce_per_key`
 
 // GetQueue returns a queue with its task counts per state.
 func (s *Store) GetQueue(ctx context.Context, name string) (*sluice.Queue, error) {

@@ -25,6 +25,29 @@ func (t *txn) readPlace(r *flow.Run) (wfPaused bool, err error) {
 	return wfPaused, nil
 }
 
+// strategySQL is placeSQL with what a new run's strategy decides on
+// (flow.RunStrategy): the queued runs of key $2 (queued, or paused while
+// queued) and its oldest run holding a place (running, or paused while
+// running; 0 if none). Each is read through an index of unfinished runs
+// (runs_queued, runs_state), never the workflow's finished ones.
+const strategySQL = `SELECT EXISTS (SELECT 1 FROM workflow_pauses WHERE name = $1),
+	coalesce((SELECT active FROM run_slots WHERE workflow = $1 AND ckey = $2), 0),
+	(SELECT count(*) FROM runs WHERE workflow = $1 AND ckey = $2 AND state = 'queued')
+		+ (SELECT count(*) FROM runs WHERE state = 'paused' AND paused_from = 'queued' AND workflow = $1 AND ckey = $2),
+	coalesce((SELECT min(id) FROM runs WHERE state IN ('running', 'paused') AND workflow = $1 AND ckey = $2
+		AND (state = 'running' OR paused_from = 'running')), 0)`
+
+// readStrategy is readPlace for a new run whose workflow's strategy
+// acts (flow.RunStrategyActs), in the same one round trip.
+func (t *txn) readStrategy(r *flow.Run) (wfPaused bool, queued, oldest int64, err error) {
+	var active int64
+	if _, err := t.queryRow("run concurrency", strategySQL, []any{r.Workflow, r.Key}, &wfPaused, &active, &queued, &oldest); err != nil {
+		return false, 0, 0, err
+	}
+	t.holdPlace(r, active)
+	return wfPaused, queued, oldest, nil
+}
+
 // holdPlace holds the place of a limited run r's key, as read (a copy
 // the transaction holds already wins).
 func (t *txn) holdPlace(r *flow.Run, active int64) {

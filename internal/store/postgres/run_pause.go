@@ -287,15 +287,15 @@ func (t *txn) resumeRuns(workflow string, wfPaused bool, rows []runRow, active m
 	// Each run goes where the run core says (flow/runs.go): a run paused
 	// while running resumes; a queued one starts if there is room, else
 	// waits queued, in its order.
-	for k, n := range active {
-		t.UsePlace(flow.NewPlace(workflow, k, n))
-	}
 	var (
 		resumed, moved []int64
 		moves          []flow.RunMove
 	)
 	for _, row := range rows {
 		r := row.run()
+		// A key no run ever held a place of has no run_slots row: its
+		// place is 0 (a copy the transaction holds already wins).
+		t.holdPlace(r, active[row.key])
 		to, err := t.StartOrWait(r, wfPaused)
 		if err != nil {
 			return err

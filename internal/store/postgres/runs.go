@@ -67,15 +67,37 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 		return 0, false, store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
 	}
 	// Where it goes is the run core's decision (flow/runs.go), on its
-	// workflow's pause and its key's place, read in one round trip.
+	// workflow's pause and its key's place, and, when its workflow's
+	// strategy acts, its key's queued runs and oldest holder, read in one
+	// round trip.
 	run := &flow.Run{State: flow.NewRun, Workflow: r.Workflow, Key: r.Key, Limit: int64(r.Limit)}
-	wfPaused, err := t.readPlace(run)
+	child := r.ParentRunID != 0
+	var (
+		wfPaused       bool
+		queued, oldest int64
+	)
+	if flow.RunStrategyActs(run, r.Strategy, child) {
+		wfPaused, queued, oldest, err = t.readStrategy(run)
+	} else {
+		wfPaused, err = t.readPlace(run)
+	}
 	if err != nil {
 		return 0, false, err
 	}
-	to, err := t.StartOrWait(run, wfPaused)
+	v, err := t.RunStrategy(run, r.Strategy, child, wfPaused, queued)
 	if err != nil {
 		return 0, false, err
+	}
+	var to sluice.RunState
+	switch v {
+	case flow.RunReject:
+		return 0, false, store.RunConcurrencyFull(&r, t.HeldPlace(run.Workflow, run.Key).Active(), queued)
+	case flow.RunCancelOldest:
+		to = sluice.RunQueued // until the run it replaces is cancelled (replaceRun)
+	default:
+		if to, err = t.StartOrWait(run, wfPaused); err != nil {
+			return 0, false, err
+		}
 	}
 	m, err := t.MoveRun(run, to)
 	if err != nil {
@@ -100,7 +122,36 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 		return 0, false, err
 	}
 	t.runMoved(id, m)
+	if v == flow.RunCancelOldest {
+		run.ID = id
+		return id, true, t.replaceRun(run, oldest, wfPaused)
+	}
 	return id, true, nil
+}
+
+// replaceRun cancels run oldID, the oldest run holding a place of new
+// run r's key, for r (cancel_in_progress), as CancelRun does but
+// without passing its place on, and starts r, just inserted queued, on
+// that place.
+func (t *txn) replaceRun(r *flow.Run, oldID int64, wfPaused bool) error {
+	if oldID == 0 {
+		return fmt.Errorf("run concurrency: %s/%s is full but no run holds a place", r.Workflow, r.Key)
+	}
+	t.exec("cancelling run", `UPDATE runs SET seq = seq + 1 WHERE id = $1`, oldID)
+	if err := t.endRun(oldID, store.RunEnd{State: sluice.RunCancelled, Error: store.RunReplacedError(r.ID), Replaced: true}); err != nil {
+		return err
+	}
+	t.replaced = append(t.replaced, oldID)
+	to, err := t.StartOrWait(r, wfPaused)
+	if err != nil {
+		return err
+	}
+	m, err := t.MoveRun(r, to)
+	if err != nil {
+		return err
+	}
+	t.writeRunMoves([]int64{r.ID}, []flow.RunMove{m})
+	return nil
 }
 
 const (
@@ -299,7 +350,8 @@ func (t *txn) createSteps(runID int64, steps []store.NewStep, paused bool) error
 // endRun ends a run: a run that did not succeed has its unfinished tasks
 // and steps ended; a run holding a place under its workflow's
 // concurrency (a paused one: if it was running when paused) gives it to
-// the next queued run of its key, or frees it if the workflow is paused.
+// the next queued run of its key, or frees it if the workflow is paused
+// or a new run replaced it (end.Replaced: the new run takes it).
 func (t *txn) endRun(runID int64, end store.RunEnd) error {
 	var children *[]childRun
 	if end.State != sluice.RunSucceeded {
@@ -340,7 +392,7 @@ func (t *txn) endRun(runID int64, end store.RunEnd) error {
 	}
 	run := row.run()
 	t.holdPlace(run, active)
-	passes := found && flow.PassesPlace(run, wfPaused)
+	passes := found && flow.PassesPlace(run, wfPaused, end.Replaced)
 	if _, err := t.MoveRun(run, end.State); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -32,32 +33,65 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		var paused []*string
 		// The due tasks in a CTE of their own, read through tasks_due (see
 		// runningSelect).
+		type due struct {
+			id   int64
+			kind string
+			sq   *flow.Subqueue
+			q    *flow.Queue
+		}
+		var atDue []due
+		enter := func(d due) error {
+			w, err := t.WaitIn(d.q, d.kind)
+			if err != nil {
+				return err
+			}
+			if err := t.Move(d.sq, d.q, sluice.StateScheduled, w.State); err != nil {
+				return err
+			}
+			ids, states, paused = append(ids, d.id), append(states, string(w.State)), append(paused, w.PausedFrom(w.State))
+			return nil
+		}
 		err := t.query("promoting due tasks", `WITH t AS MATERIALIZED (
-				SELECT id, sq, queue, kind FROM tasks WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT $2)
-			SELECT t.id, t.kind, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = t.kind), `+sqCols+`, `+qCols+`
+				SELECT id, sq, queue, kind, debounce_triggers IS NOT NULL AS debounced FROM tasks
+				WHERE state = 'scheduled' AND run_at <= $1 ORDER BY run_at LIMIT $2)
+			SELECT t.id, t.kind, t.debounced, EXISTS (SELECT 1 FROM worker_kinds k WHERE k.kind = t.kind), `+sqCols+`, `+qCols+`
 			FROM t JOIN subqueues s ON s.id = t.sq JOIN queues q ON q.name = t.queue`,
 			[]any{t.now, limit}, func(rows pgx.Rows) error {
-				var id int64
-				var kind string
-				var served bool
-				sq, q := &flow.Subqueue{}, &flow.Queue{}
-				if err := rows.Scan(append(append([]any{&id, &kind, &served}, sq.Dest()...), q.Dest()...)...); err != nil {
+				var d due
+				var served, debounced bool
+				d.sq, d.q = &flow.Subqueue{}, &flow.Queue{}
+				if err := rows.Scan(append(append([]any{&d.id, &d.kind, &debounced, &served}, d.sq.Dest()...), d.q.Dest()...)...); err != nil {
 					return err
 				}
-				q = t.UseQueue(q)
-				t.KnowServed(kind, served)
-				w, err := t.WaitIn(q, kind)
-				if err != nil {
-					return err
+				d.q, d.sq = t.UseQueue(d.q), t.UseSubqueue(d.sq)
+				t.KnowServed(d.kind, served)
+				if flow.StrategyAtDue(d.q, debounced) {
+					atDue = append(atDue, d) // once the rows are read: the strategy reads too
+					return nil
 				}
-				if err := t.Move(t.UseSubqueue(sq), q, sluice.StateScheduled, w.State); err != nil {
-					return err
-				}
-				ids, states, paused = append(ids, id), append(states, string(w.State)), append(paused, w.PausedFrom(w.State))
-				return nil
+				return enter(d)
 			})
 		if err != nil {
 			return err
+		}
+		// A debounced task meets its queue's strategy now, as a trigger
+		// would (strategy.go).
+		for _, d := range atDue {
+			err := t.strategy(d.sq, d.q, false, d.id)
+			if errors.Is(err, sluice.ErrConcurrencyFull) {
+				if err := t.Move(d.sq, d.q, sluice.StateScheduled, sluice.StateCancelled); err != nil {
+					return err
+				}
+				t.exec("promoting due tasks", `UPDATE tasks SET state = 'cancelled', error = $2, finished_at = $3 WHERE id = $1`,
+					d.id, store.DebounceRejected(d.sq), t.now)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if err := enter(d); err != nil {
+				return err
+			}
 		}
 		n = len(ids)
 		if n > 0 {
@@ -173,7 +207,8 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 				SELECT id FROM tasks WHERE state IN ('succeeded', 'failed', 'cancelled') AND finished_at < $1
 				ORDER BY finished_at LIMIT $2)
 			RETURNING id),
-		att AS (DELETE FROM attempts WHERE task_id IN (SELECT id FROM del))
+		att AS (DELETE FROM attempts WHERE task_id IN (SELECT id FROM del)),
+		keys AS (DELETE FROM debounce_keys WHERE task_id IN (SELECT id FROM del))
 		SELECT count(*) FROM del`, store.US(before), limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("retention: %w", err)

@@ -75,12 +75,23 @@ func (t *txn) enqueue(lim store.Limits, tasks []store.NewTask, results []store.E
 	if err != nil {
 		return err
 	}
+	if err := t.prepareInsert(tasks, fresh); err != nil {
+		return err
+	}
+	// Then debounce (debounce.go): a trigger merged into a pending task
+	// creates nothing, and passes no admission ceiling.
+	fresh, debounced, err := store.Debounces(tasks, fresh, results, t.now, t.debounceIO())
+	if err != nil {
+		return err
+	}
+	t.ids = t.ids[:len(fresh)] // ids drawn for the merged go unused
 	if err := t.admit(lim, tasks, fresh); err != nil {
 		return err
 	}
 	if err := t.insert(tasks, fresh, results); err != nil {
 		return err
 	}
+	t.debounced(tasks, fresh, results, debounced())
 	store.MarkVictims(results, t.victims, t.now)
 	replayed()
 	return nil
@@ -97,41 +108,50 @@ func (t *txn) idempotent(tasks []store.NewTask) (map[string]*sluice.Task, error)
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	ids := map[string]int64{}
-	err := t.query("idempotency lookup", `SELECT idempotency_key, id FROM tasks WHERE idempotency_key = ANY($1)`, []any{keys}, func(rows pgx.Rows) error {
+	// A debounced trigger's key is on debounce_keys, with the input it
+	// sent (store.DebounceReplay).
+	type found struct {
+		id        int64
+		debounced bool
+		input     []byte
+	}
+	ids := map[string]found{}
+	err := t.query("idempotency lookup", `SELECT idempotency_key, id, false, NULL::bytea FROM tasks WHERE idempotency_key = ANY($1)
+		UNION ALL SELECT idempotency_key, task_id, true, input FROM debounce_keys WHERE idempotency_key = ANY($1)`, []any{keys}, func(rows pgx.Rows) error {
 		var k string
-		var id int64
-		if err := rows.Scan(&k, &id); err != nil {
+		var f found
+		if err := rows.Scan(&k, &f.id, &f.debounced, &f.input); err != nil {
 			return err
 		}
-		ids[k] = id
+		ids[k] = f
 		return nil
 	})
 	if err != nil || len(ids) == 0 {
 		return nil, err
 	}
 	out := make(map[string]*sluice.Task, len(ids))
-	for k, id := range ids { // replays are rare: one read each
+	for k, f := range ids { // replays are rare: one read each
 		if err := t.send(); err != nil {
 			return nil, err
 		}
-		task, err := getTask(t.ctx, t.conn, id)
+		task, err := getTask(t.ctx, t.conn, f.id)
 		if err != nil {
 			return nil, err
+		}
+		if f.debounced {
+			task = store.DebounceReplay(task, k, f.input)
 		}
 		out[k] = task
 	}
 	return out, nil
 }
 
-// admit checks the admission ceilings for the fresh tasks (S-FC6), after
-// loading (creating) their queues and sub-queues for insert.
+// admit checks the admission ceilings for the fresh tasks (S-FC6), once
+// their queues and sub-queues are loaded (created) for insert
+// (prepareInsert).
 func (t *txn) admit(lim store.Limits, tasks []store.NewTask, fresh []int) error {
 	if !t.Env.Admits(lim.MaxActive, int64(len(fresh))) {
 		return store.EnvAdmissionError(lim.MaxActive, t.Env.Active())
-	}
-	if err := t.prepareInsert(tasks, fresh); err != nil {
-		return err
 	}
 	perQueue := map[string]int64{}
 	for _, i := range fresh {
@@ -374,7 +394,8 @@ const insertRunSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, st
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent IN (1, 2, 4)`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent IN (1, 2, 4),
+	t.debounce_triggers, t.debounce_until`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved', 'suspended')`
 

@@ -67,6 +67,9 @@ type txn struct {
 	// strategy.go; both go into the Outcome).
 	rateWait  bool
 	cancelled []store.CancelledTask
+	// replaced: runs a workflow's strategy cancelled for a new run
+	// (runs.go; into the Outcome).
+	replaced []int64
 	// victims: the tasks a strategy cancelled, id → reason (for the
 	// answer of a batch that cancelled its own: store.MarkVictims).
 	victims map[int64]string
@@ -484,7 +487,7 @@ func settled(fn func(t *txn) error, o *store.Outcome) func(t *txn) error {
 		}
 		o.Readied = t.Readied()
 		o.RunEvents = t.events
-		o.RateWait, o.Cancelled = t.rateWait, t.cancelled
+		o.RateWait, o.Cancelled, o.CancelledRuns = t.rateWait, t.cancelled, t.replaced
 		return nil
 	}
 }

@@ -184,12 +184,13 @@ func (r txReader) Query(ctx context.Context, q string, args ...any) (store.Rows,
 // their rows give, with those numbers.
 var (
 	sqColsS     = "s." + strings.ReplaceAll(sqCols, ", ", ", s.")
+	qColsQ      = "q." + strings.ReplaceAll(qCols, ", ", ", q.")
 	stepColsS   = "s." + strings.ReplaceAll(stepCols, ", ", ", s.")
 	recountEnv  = `WITH ` + liveCTE + ` ` + envCounts
 	recountSubs = `WITH ` + liveCTE + ` SELECT ` + sqColsS + `, coalesce(c.running, 0), coalesce(c.queued, 0), coalesce(c.lent, 0)
 		FROM subqueues s LEFT JOIN (` + sqCounts + `) c ON c.sq = s.id
 		WHERE s.running != coalesce(c.running, 0) OR s.queued != coalesce(c.queued, 0) OR s.lent != coalesce(c.lent, 0)`
-	recountQueues = `WITH ` + liveCTE + ` SELECT q.name, q.concurrency_limit, q.max_backlog, q.paused, q.handover, q.active, q.strategy,
+	recountQueues = `WITH ` + liveCTE + ` SELECT ` + qColsQ + `,
 			coalesce(c.n, 0)
 		FROM queues q LEFT JOIN (` + queueCounts + `) c ON c.queue = q.name WHERE q.active != coalesce(c.n, 0)`
 	// With the steps whose counters differ, those whose window has room

@@ -15,6 +15,9 @@ import (
 
 const sqCols = `id, queue, ckey, lim, paused, running, queued, rr, vtime, rbucket, rlim, rper, rwait, lent, weight`
 
+// qCols are a queue's columns (flow.Queue.Dest).
+const qCols = `name, concurrency_limit, max_backlog, paused, handover, active, strategy, debounce_period_us, debounce_max_wait_us, debounce_per_key`
+
 // subqueue returns the sub-queue by id.
 func (t *txn) subqueue(id int64) (*flow.Subqueue, error) {
 	if q := t.HeldSubqueue(id); q != nil {
@@ -38,7 +41,7 @@ func (t *txn) queue(name string, create bool) (*flow.Queue, error) {
 		}
 	}
 	q := &flow.Queue{}
-	err := t.tx.QueryRowContext(t.ctx, `SELECT name, concurrency_limit, max_backlog, paused, handover, active, strategy FROM queues WHERE name = ?`, name).
+	err := t.tx.QueryRowContext(t.ctx, `SELECT `+qCols+` FROM queues WHERE name = ?`, name).
 		Scan(q.Dest()...)
 	if err == sql.ErrNoRows {
 		return nil, sluice.NotFound("queue %q not found", name)

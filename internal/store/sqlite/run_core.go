@@ -51,6 +51,28 @@ func (t *txn) readPlace(r *flow.Run) (bool, error) {
 	return paused, nil
 }
 
+// readStrategy is readPlace for a new run whose workflow's strategy
+// acts (flow.RunStrategyActs), in one statement with what the strategy
+// decides on: its key's queued runs (queued, or paused while queued)
+// and the oldest run holding a place (running, or paused while running;
+// 0 if none).
+func (t *txn) readStrategy(r *flow.Run) (wfPaused bool, queued, oldest int64, err error) {
+	var active int64
+	err = t.tx.QueryRowContext(t.ctx, `SELECT EXISTS (SELECT 1 FROM workflow_pauses WHERE name = ?1),
+		coalesce((SELECT active FROM run_slots WHERE workflow = ?1 AND ckey = ?2), 0),
+		(SELECT count(*) FROM runs INDEXED BY runs_queued WHERE workflow = ?1 AND ckey = ?2 AND state = 'queued')
+			+ (SELECT count(*) FROM runs INDEXED BY runs_state WHERE state = 'paused' AND paused_from = 'queued' AND workflow = ?1 AND ckey = ?2),
+		coalesce((SELECT min(id) FROM runs INDEXED BY runs_state WHERE state IN ('running', 'paused') AND workflow = ?1 AND ckey = ?2
+			AND (state = 'running' OR paused_from = 'running')), 0)`, r.Workflow, r.Key).Scan(&wfPaused, &active, &queued, &oldest)
+	if err != nil {
+		return false, 0, 0, fmt.Errorf("run concurrency: %w", err)
+	}
+	if r.Limit > 0 {
+		t.UsePlace(flow.NewPlace(r.Workflow, r.Key, active))
+	}
+	return wfPaused, queued, oldest, nil
+}
+
 // moveRun moves run r to state to (flow.Counters.MoveRun) and writes the
 // move: its state and paused_from, started_at when it starts (kept if
 // set), the decisions' seq moved on, and its event.

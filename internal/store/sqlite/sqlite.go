@@ -182,11 +182,12 @@ func Migrations() []string { return store.MigrationNames(migrations) }
 // their transaction, as a write transaction (counters, refill), which
 // reads the schema of the latest migration: a step therefore runs with
 // the last migration that changed what a write transaction reads. The
-// parking of 0014_unserved runs with 0016_key_weights (a sub-queue's
-// weight); run again on a database that had it, it finds nothing to park
-// that the store would not park anyway.
+// parking of 0014_unserved runs with 0018_debounce (a queue's debounce;
+// before it, 0016_key_weights gave sub-queues their weight); run again
+// on a database that had it, it finds nothing to park that the store
+// would not park anyway.
 var migrationSteps = map[string]func(t *txn) error{
-	"0016_key_weights": (*txn).parkStrays,
+	"0018_debounce": (*txn).parkStrays,
 }
 
 // Migrate applies pending migrations, each in its own transaction.

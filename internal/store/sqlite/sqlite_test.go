@@ -67,10 +67,10 @@ func TestMigrateParksStrays(t *testing.T) {
 	defer st.Close()
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)
-	// The parking runs with 0016_key_weights (sqlite.go,
-	// migrationSteps): that is undone too.
-	storetest.ParkStraysOnUpgrade(t, st, []string{"0014_unserved", "0016_key_weights"}, func(q string) error {
-		return st.Exec(ctx, q+`; DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight`)
+	// The parking runs with 0018_debounce (sqlite.go, migrationSteps):
+	// that is undone too, with 0016_key_weights.
+	storetest.ParkStraysOnUpgrade(t, st, []string{"0014_unserved", "0016_key_weights", "0018_debounce"}, func(q string) error {
+		return st.Exec(ctx, q+`; DROP INDEX subqueues_weighted; ALTER TABLE subqueues DROP COLUMN weight; `+undoDebounce)
 	})
 }
 
@@ -118,3 +118,8 @@ func TestOpenTempStoreMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "2", v) // MEMORY
 }
+
+// undoDebounce undoes migration 0018_debounce.
+const undoDebounce = `DROP TABLE debounce_keys; DROP INDEX tasks_debounce;
+	ALTER TABLE tasks DROP COLUMN debounce_group; ALTER TABLE tasks DROP COLUMN debounce_until; ALTER TABLE tasks DROP COLUMN debounce_triggers;
+	ALTER TABLE queues DROP COLUMN debounce_period_us; ALTER TABLE queues DROP COLUMN debounce_max_wait_us; ALTER TABLE queues DROP COLUMN debounce_per_key`

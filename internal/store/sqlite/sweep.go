@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/internal/store"
+	"github.com/sluice-dev/sluice/internal/store/flow"
 )
 
 // The background passes: due tasks (PromoteDue), expired leases and
@@ -37,18 +39,20 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 		if err := t.rateDue(); err != nil {
 			return err
 		}
-		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue, kind FROM tasks INDEXED BY tasks_due WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
+		rows, err := t.tx.QueryContext(ctx, `SELECT id, sq, queue, kind, debounce_triggers IS NOT NULL FROM tasks INDEXED BY tasks_due
+			WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at LIMIT ?`, t.now, limit)
 		if err != nil {
 			return fmt.Errorf("promoting due tasks: %w", err)
 		}
 		type due struct {
 			id, sq      int64
 			queue, kind string
+			debounced   bool
 		}
 		var list []due
 		for rows.Next() {
 			var d due
-			if err := rows.Scan(&d.id, &d.sq, &d.queue, &d.kind); err != nil {
+			if err := rows.Scan(&d.id, &d.sq, &d.queue, &d.kind, &d.debounced); err != nil {
 				rows.Close()
 				return err
 			}
@@ -66,6 +70,29 @@ func (s *Store) PromoteDue(ctx context.Context, limit int) (int, time.Time, stor
 			sq, err := t.subqueue(d.sq)
 			if err != nil {
 				return err
+			}
+			if flow.StrategyAtDue(q, d.debounced) {
+				// A debounced task meets its queue's strategy now, as a
+				// trigger would (strategy.go).
+				victim, err := t.strategy(sq, q, false)
+				if errors.Is(err, sluice.ErrConcurrencyFull) {
+					if err := t.Move(sq, q, sluice.StateScheduled, sluice.StateCancelled); err != nil {
+						return err
+					}
+					if _, err := t.exec(`UPDATE tasks SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?`,
+						store.DebounceRejected(sq), t.now, d.id); err != nil {
+						return err
+					}
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				if victim != 0 {
+					if err := t.strategyReason(victim, d.id); err != nil {
+						return err
+					}
+				}
 			}
 			w, err := t.WaitIn(q, d.kind)
 			if err != nil {
@@ -234,6 +261,10 @@ func (s *Store) DeleteFinished(ctx context.Context, before time.Time, limit int)
 		}
 		in := "?" + strings.Repeat(",?", len(ids)-1)
 		if _, err := tx.ExecContext(ctx, `DELETE FROM attempts WHERE task_id IN (`+in+`)`, ids...); err != nil {
+			return fmt.Errorf("retention: %w", err)
+		}
+		// The idempotency keys of debounced triggers go with their task.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM debounce_keys WHERE task_id IN (`+in+`)`, ids...); err != nil {
 			return fmt.Errorf("retention: %w", err)
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM tasks WHERE id IN (`+in+`)`, ids...); err != nil {

@@ -22,17 +22,13 @@ func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.New
 	o, err := s.write(ctx, func(t *txn) error {
 		// Idempotent re-submissions first: they create nothing and are
 		// never rejected.
-		fresh, replayed, err := store.Replays(tasks, results, func(key string) (*sluice.Task, error) {
-			var id int64
-			err := t.tx.QueryRowContext(ctx, `SELECT id FROM tasks WHERE idempotency_key = ?`, key).Scan(&id)
-			if err == sql.ErrNoRows {
-				return nil, nil
-			}
-			if err != nil {
-				return nil, fmt.Errorf("idempotency lookup: %w", err)
-			}
-			return getTask(ctx, t.tx, id)
-		})
+		fresh, replayed, err := store.Replays(tasks, results, t.idempotent)
+		if err != nil {
+			return err
+		}
+		// Then debounce (debounce.go): a trigger merged into a pending
+		// task creates nothing, and passes no admission ceiling.
+		fresh, debounced, err := store.Debounces(tasks, fresh, results, t.now, t.debounceIO())
 		if err != nil {
 			return err
 		}
@@ -45,6 +41,9 @@ func (s *Store) Enqueue(ctx context.Context, lim store.Limits, tasks []store.New
 				return err
 			}
 			results[i] = store.EnqueueResult{Task: task, Created: true}
+		}
+		if err := t.debounceKeys(debounced()); err != nil {
+			return err
 		}
 		store.MarkVictims(results, t.victims, t.now)
 		replayed()
@@ -121,13 +120,15 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 		idem = &nt.IdempotencyKey
 	}
 	run, step, item, windowed := nt.Run.Columns()
+	dbGroup, dbUntil, dbTriggers := nt.Debounced.Columns()
 	var id int64
 	err = t.tx.QueryRowContext(t.ctx, `INSERT INTO tasks (kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
-		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed, run_paused)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, run_id, step_id, item, windowed, run_paused,
+		debounce_group, debounce_until, debounce_triggers)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
 		nt.Kind, nt.Queue, nt.ConcurrencyKey, sq.ID(), nt.Priority, state, pausedFrom, nt.MaxAttempts, store.JSONOrNull(nt.Input),
 		nt.Timeout.Microseconds(), runAt, nt.DeadlineUS(t.now), idem, t.now, rank, run, step, item, windowed,
-		nt.Run != nil && nt.Run.Paused).Scan(&id)
+		nt.Run != nil && nt.Run.Paused, dbGroup, dbUntil, dbTriggers).Scan(&id)
 	if err != nil {
 		return nil, fmt.Errorf("inserting task: %w", err)
 	}
@@ -142,7 +143,8 @@ func (t *txn) insert(nt *store.NewTask) (*sluice.Task, error) {
 const taskCols = `t.id, t.kind, t.queue, t.ckey, t.priority, t.state, t.paused_from, t.attempt, t.max_attempts, t.input, t.output,
 	t.error, t.timeout_us, t.run_at, t.dispatch_deadline_at, t.idempotency_key, t.created_at, t.started_at, t.finished_at,
 	t.worker_id, t.cancel_requested, w.lease_expires_at, t.after_id,
-	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent IN (1, 2, 4)`
+	t.run_id, (SELECT s.name FROM run_steps s WHERE s.id = t.step_id), t.item, w.name, t.wait_task, t.wait_run, t.wait_lent IN (1, 2, 4),
+	t.debounce_triggers, t.debounce_until`
 
 const taskFrom = ` FROM tasks t LEFT JOIN workers w ON w.id = t.worker_id AND t.state IN ('running', 'reserved', 'suspended')`
 

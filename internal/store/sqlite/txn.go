@@ -33,6 +33,9 @@ type txn struct {
 	// strategy.go; both go into the Outcome).
 	rateWait  bool
 	cancelled []store.CancelledTask
+	// replaced: runs a workflow's strategy cancelled for a new run
+	// (runs.go; into the Outcome).
+	replaced []int64
 	// victims: the tasks a strategy cancelled, id → reason (for the
 	// answer of a batch that cancelled its own: store.MarkVictims).
 	victims map[int64]string
@@ -88,7 +91,7 @@ func (s *Store) writeIn(ctx context.Context, tx *wtx, fn func(t *txn) error) (st
 	}
 	o.Readied = t.Readied()
 	o.RunEvents = t.events
-	o.RateWait, o.Cancelled = t.rateWait, t.cancelled
+	o.RateWait, o.Cancelled, o.CancelledRuns = t.rateWait, t.cancelled, t.replaced
 	return o, nil
 }
 

@@ -278,7 +278,9 @@ func testWorkflowPause(t *testing.T, ns NewStore) {
 	q1 := h.run(store.NewRun{Limit: 2, Key: "t"})
 	q2 := h.run(store.NewRun{Limit: 2, Key: "t"})
 	q3 := h.run(store.NewRun{})
-	for _, r := range []*store.RunRecord{q1, q2, q3} {
+	// A key no run has held a place of yet (no run_slots row).
+	qn := h.run(store.NewRun{Limit: 1, Key: "new"})
+	for _, r := range []*store.RunRecord{q1, q2, q3, qn} {
 		require.Equal(t, sluice.RunQueued, r.State)
 	}
 	require.Equal(t, sluice.RunRunning, h.getRun(running.ID).State, "without runs: active runs go on")
@@ -292,6 +294,7 @@ func testWorkflowPause(t *testing.T, ns NewStore) {
 	require.Equal(t, sluice.RunRunning, h.getRun(q1.ID).State)
 	require.Equal(t, sluice.RunRunning, h.getRun(q2.ID).State)
 	require.Equal(t, sluice.RunRunning, h.getRun(q3.ID).State)
+	require.Equal(t, sluice.RunRunning, h.getRun(qn.ID).State)
 	q4 := h.run(store.NewRun{Limit: 2, Key: "t"})
 	require.Equal(t, sluice.RunQueued, q4.State, "the limit holds")
 	h.counters()

@@ -51,6 +51,7 @@ var areas = []tests{
 	retryTests,
 	queueUpdateTests,
 	strategyTests,
+	runStrategyTests,
 	rateTests,
 	rateBurstTests,
 	childTests,
@@ -59,6 +60,7 @@ var areas = []tests{
 	doctorTests,
 	parkingTests,
 	weightTests,
+	debounceTests,
 }
 
 // all merges the areas, and panics on a name used twice (one test would

@@ -83,6 +83,7 @@ func (p *parser) compile(d *Definition) *Workflow {
 			w.RunKey = p.compileValue("concurrency.key", rc.Key, expr.Scope{}, expr.String)
 			p.checkConstant("concurrency.key", w.RunKey, checkConcurrencyKey)
 		}
+		p.compileRunStrategy(rc, w)
 	}
 	for i, s := range d.Schedules {
 		cs := CompiledSchedule{Cron: s.Cron}
@@ -238,6 +239,22 @@ func ancestors(d *Definition, i int, needs [][]int, index map[string]int) []stri
 		}
 	}
 	return out
+}
+
+// compileRunStrategy checks the workflow's concurrency strategy: one of
+// RunStrategies, and only with a limit (it acts when the limit is
+// reached).
+func (p *parser) compileRunStrategy(rc *RunConcurrency, w *Workflow) {
+	switch {
+	case rc.Strategy == "":
+	case !slices.Contains(RunStrategies, rc.Strategy):
+		p.errorf("concurrency.strategy", "%q is not a strategy: one of %s (queue, the default: further runs wait queued)",
+			rc.Strategy, strings.Join(RunStrategies, ", "))
+	case rc.Limit < 1:
+		p.errorf("concurrency.strategy", "needs concurrency.limit: a strategy acts when the limit is reached")
+	case rc.Strategy != "queue":
+		w.RunStrategy = rc.Strategy
+	}
 }
 
 func (p *parser) compileStep(d *Definition, i int, needs [][]int, index map[string]int) CompiledStep {

@@ -51,11 +51,20 @@ type Definition struct {
 }
 
 // RunConcurrency limits a workflow's own active runs: at most Limit per
-// value of the Key template, or per workflow when Key is empty.
+// value of the Key template, or per workflow when Key is empty. Strategy
+// is what a new run does when its key is full: RunStrategies (empty:
+// queue, it waits queued).
 type RunConcurrency struct {
-	Limit int    `json:"limit"`
-	Key   string `json:"key,omitempty"`
+	Limit    int    `json:"limit"`
+	Key      string `json:"key,omitempty"`
+	Strategy string `json:"strategy,omitempty"`
 }
+
+// RunStrategies are the values of RunConcurrency.Strategy: queue (the
+// default) waits queued for a place, cancel_in_progress cancels the
+// key's oldest active run and takes its place, cancel_newest refuses
+// the new run (HTTP 409, concurrency_full).
+var RunStrategies = []string{"queue", "cancel_in_progress", "cancel_newest"}
 
 // Step is one step as written. Input, WithItems and (in Definition) Output
 // hold JSON-like values: nil, bool, float64, string, []any and
@@ -163,8 +172,11 @@ type Workflow struct {
 	RunKey *expr.Template
 	// RunLimit is the most active runs per RunKey value (or per workflow);
 	// 0 means no limit.
-	RunLimit  int
-	Schedules []CompiledSchedule
+	RunLimit int
+	// RunStrategy is what a new run does when its key is full (one of
+	// RunStrategies; "" for queue, the default).
+	RunStrategy string
+	Schedules   []CompiledSchedule
 	// RateLimits are the rate limits its steps give their queues, by
 	// queue: applying the workflow sets them (rate.go).
 	RateLimits map[string]sluice.RateLimit

@@ -46,6 +46,8 @@
 //     expression without ${{ }} (if: input.enabled); the other string
 //     fields are literal text unless they hold ${{ }}.
 //   - concurrency (the fan-out window) needs with_items and is at least 1.
+//   - The workflow's concurrency.strategy is one of RunStrategies and
+//     needs concurrency.limit.
 //   - A schedule's cron is 5-field cron or a descriptor (@hourly, @every
 //     5m), always in UTC (CRON_TZ= is refused); its input is constant JSON.
 //   - workflow: NAME (a child run) is read and checked but refused for now.

@@ -121,7 +121,7 @@ func (p *parser) errorf(path, format string, args ...any) {
 // Fields allowed in each mapping.
 var (
 	topFields      = []string{"name", "concurrency", "steps", "output", "schedules"}
-	runConcFields  = []string{"limit", "key"}
+	runConcFields  = []string{"limit", "key", "strategy"}
 	stepFields     = []string{"name", "kind", "workflow", "input", "needs", "with_items", "concurrency", "queue", "concurrency_key", "priority", "max_attempts", "timeout", "dispatch_deadline", "if", "continue_on_error", "rate_limit"}
 	scheduleFields = []string{"cron", "input"}
 )
@@ -253,7 +253,7 @@ func (p *parser) decode(root *value) *Definition {
 }
 
 func (p *parser) runConcurrency(v *value, path string) *RunConcurrency {
-	get, ok := p.fields(v, path, runConcFields, "limit, key")
+	get, ok := p.fields(v, path, runConcFields, "limit, key, strategy")
 	if !ok {
 		return nil
 	}
@@ -265,6 +265,9 @@ func (p *parser) runConcurrency(v *value, path string) *RunConcurrency {
 	}
 	if x := get("key"); x != nil {
 		rc.Key, _ = p.str(x, path+".key")
+	}
+	if x := get("strategy"); x != nil {
+		rc.Strategy, _ = p.str(x, path+".strategy")
 	}
 	return rc
 }

@@ -113,6 +113,21 @@ var parseCases = []parseCase{
 		"concurrency: {limit: 1, key: '${{ input.tenant }}-${{ run.workflow }}'}",
 		"steps: [{name: a, kind: echo}]",
 	)},
+	{name: "run concurrency strategies", src: y(
+		"name: limited",
+		"concurrency: {limit: 1, key: '${{ input.tenant }}', strategy: cancel_in_progress}",
+		"steps: [{name: a, kind: echo}]",
+	)},
+	{name: "run concurrency strategy cancel_newest", src: y(
+		"name: limited",
+		"concurrency: {limit: 2, strategy: cancel_newest}",
+		"steps: [{name: a, kind: echo}]",
+	)},
+	{name: "run concurrency strategy queue", src: y(
+		"name: limited",
+		"concurrency: {limit: 2, strategy: queue}",
+		"steps: [{name: a, kind: echo}]",
+	)},
 	{name: "schedules", src: y(
 		"name: cron",
 		"steps: [{name: a, kind: echo}]",
@@ -605,6 +620,29 @@ var parseCases = []parseCase{
 	), want: []string{
 		"concurrency.limit: must be ≥ 1 (line 3)",
 		"concurrency.key: … (line 4)",
+	}},
+	{name: "run concurrency strategy", src: y(
+		"name: x",
+		"concurrency: {limit: 1, strategy: cancel_oldest}",
+		"steps: [{name: a, kind: echo}]",
+	), want: []string{
+		`concurrency.strategy: "cancel_oldest" is not a strategy: one of queue, cancel_in_progress, cancel_newest (queue, the default: further runs wait queued) (line 2)`,
+	}},
+	{name: "run concurrency strategy without a limit", src: y(
+		"name: x",
+		"concurrency:",
+		"  strategy: cancel_newest",
+		"steps: [{name: a, kind: echo}]",
+	), want: []string{
+		"concurrency.limit: required (line 3)",
+		"concurrency.strategy: needs concurrency.limit: a strategy acts when the limit is reached (line 3)",
+	}},
+	{name: "run concurrency strategy not a string", src: y(
+		"name: x",
+		"concurrency: {limit: 1, strategy: 1}",
+		"steps: [{name: a, kind: echo}]",
+	), want: []string{
+		"concurrency.strategy: must be a string, not a number (line 2)",
 	}},
 
 	// Schedules.

@@ -414,3 +414,25 @@ func TestCanonicalValues(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(a.Canonical), string(back.Canonical))
 }
+
+// The run strategy compiles to Workflow.RunStrategy ("" for queue, the
+// default) and stays in the canonical definition as written.
+func TestCompiledRunStrategy(t *testing.T) {
+	for _, tt := range []struct{ written, want string }{
+		{"", ""},
+		{", strategy: queue", ""},
+		{", strategy: cancel_in_progress", "cancel_in_progress"},
+		{", strategy: cancel_newest", "cancel_newest"},
+	} {
+		w := mustParse(t, "name: x\nconcurrency: {limit: 1, key: '${{ input.k }}'"+tt.written+"}\nsteps: [{name: a, kind: echo}]\n", YAML)
+		require.Equal(t, tt.want, w.RunStrategy, tt.written)
+		require.Equal(t, 1, w.RunLimit)
+		if tt.written != "" {
+			require.Contains(t, string(w.Canonical), `"strategy":`)
+		} else {
+			require.NotContains(t, string(w.Canonical), `strategy`, "the hash of a definition without one is unchanged")
+		}
+	}
+	w := mustParse(t, `{"name":"x","concurrency":{"limit":2,"strategy":"cancel_newest"},"steps":[{"name":"a","kind":"echo"}]}`, JSON)
+	require.Equal(t, "cancel_newest", w.RunStrategy)
+}

@@ -26,9 +26,14 @@ function tasksLink(q, state, content) {
   return h('a', { href: '/tasks' + qs({ queue: q.name, state }) }, content);
 }
 
+// shortDur drops the zero units of a Go duration: "1m0s" → "1m", "1h0m0s" → "1h".
+function shortDur(d) {
+  return String(d).replace(/m0s$/, 'm').replace(/h0m$/, 'h');
+}
+
 // queueTags names a queue's settings beyond its limits: handover, a
-// strategy other than waiting, a rate limit, key weights, slots lent to
-// waiting parents.
+// strategy other than waiting, a rate limit, a debounce, key weights,
+// slots lent to waiting parents.
 function queueTags(q) {
   const tags = [];
   if (q.handover) tags.push(h('span', { class: 'tag', title: 'handover on' }, 'handover'));
@@ -39,7 +44,20 @@ function queueTags(q) {
     // period's allowance may start at once).
     const burst = r.burst ? ' burst ' + r.burst : '';
     tags.push(h('span', { class: 'tag', title: r.burst ? 'rate limit: at most ' + r.burst + ' at once, the rest spread evenly' : 'rate limit' },
-      r.limit + '/' + String(r.period).replace(/m0s$/, 'm').replace(/h0m$/, 'h') + burst + (r.per_key ? ' per key' : '')));
+      r.limit + '/' + shortDur(r.period) + burst + (r.per_key ? ' per key' : '')));
+  }
+  if (q.debounce) {
+    // Triggers closer than the period apart merge into one pending task;
+    // max_wait ("0s" or absent: no cap) bounds how late it starts.
+    const d = q.debounce;
+    const period = shortDur(d.period);
+    const maxWait = d.max_wait && d.max_wait !== '0s' ? shortDur(d.max_wait) : '';
+    const parts = [maxWait ? 'max wait ' + maxWait : '', d.per_key ? 'per key' : ''].filter(Boolean);
+    tags.push(h('span', {
+      class: 'tag', 'data-testid': 'queue-debounce',
+      title: 'debounce: triggers of a kind' + (d.per_key ? ' and key' : '') + ' closer than ' + period + ' apart merge into one task, started ' +
+        period + ' after the last' + (maxWait ? ', at the latest ' + maxWait + ' after the first' : ''),
+    }, 'debounce ' + period + (parts.length ? ' (' + parts.join(', ') + ')' : '')));
   }
   // Key weights (fair queueing): named when one or two, counted beyond,
   // every one (up to 20) in the title.

@@ -38,6 +38,14 @@ export function attemptsTimeline(t, now = Date.now()) {
   return h('ol', { class: 'timeline', 'aria-label': 'Attempts' }, items);
 }
 
+// debounced says what a debounced task stands for: "3 triggers, at the
+// latest Jan 2, 15:04:05" ('' for a task that is not debounced).
+function debounced(t) {
+  if (!t.debounce_triggers) return '';
+  const n = t.debounce_triggers + (t.debounce_triggers === 1 ? ' trigger' : ' triggers');
+  return h('span', { 'data-testid': 'task-debounced' }, n + (t.debounce_until ? ', at the latest ' + fmtTime(t.debounce_until) : ''));
+}
+
 export default {
   title: (p) => 'Task ' + p[0],
   noun: 'Task',
@@ -84,6 +92,7 @@ export default {
               ['Attempt', t.attempt + ' of ' + t.max_attempts],
               ['Timeout', t.timeout && t.timeout !== '0s' ? t.timeout : ''],
               ['Run at', fmtTime(t.run_at)],
+              ['Debounced', debounced(t)],
               ['Dispatch deadline', fmtTime(t.dispatch_deadline_at)],
               ['Created', fmtTime(t.created_at)],
               ['Started', fmtTime(t.started_at)],

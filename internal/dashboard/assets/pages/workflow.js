@@ -19,6 +19,21 @@ export function stepsTable(def) {
   ]));
 }
 
+// runConcurrency says the workflow's limit on its own runs, its key and
+// what a new run of a full key does (its strategy), or nothing.
+function runConcurrency(def) {
+  const c = def && def.concurrency;
+  if (!c) return null;
+  const strategy = {
+    queue: 'a new run waits queued',
+    cancel_in_progress: 'a new run cancels the oldest and takes its place',
+    cancel_newest: 'a new run is refused',
+  }[c.strategy || 'queue'] || '';
+  return h('p', { 'data-testid': 'run-concurrency' }, 'Run concurrency: at most ' + c.limit + ' active runs',
+    c.key ? [' per ', h('code', {}, c.key)] : '',
+    ', strategy ', h('code', {}, c.strategy || 'queue'), strategy ? ' (' + strategy + ')' : '', '.');
+}
+
 export default {
   title: (p) => 'Workflow ' + p[0],
   noun: 'Workflow',
@@ -59,6 +74,7 @@ export default {
         });
         bodyR({ v: cur.version, c: cur.created_at }, () => [
           h('p', { class: 'muted' }, 'Version ' + cur.version + ', uploaded ' + fmtTime(cur.created_at) + '.'),
+          runConcurrency(cur.definition),
           h('section', { 'aria-labelledby': 'h-steps' }, h('h2', { id: 'h-steps' }, 'Steps'), stepsTable(cur.definition)),
           h('section', { 'aria-labelledby': 'h-def' }, h('h2', { id: 'h-def' }, 'Definition'),
             h('pre', { class: 'definition', tabindex: '0' }, h('code', {}, pretty(cur.definition)))),
