@@ -172,8 +172,8 @@ func (e *Engine) triggerMany(ctx context.Context, ps []sluice.TriggerParams) ([]
 		return nil, nil, err
 	}
 	e.after(o)
-	if scheduled {
-		e.kickScheduler()
+	if !scheduled.IsZero() {
+		e.scheduler.kickFor(scheduled)
 	}
 	if len(o.Cancelled) > 0 {
 		// Tasks a strategy (cancel_in_progress) cancelled: their
@@ -209,25 +209,26 @@ func (e *Engine) TriggerWith(ctx context.Context, ps []sluice.TriggerParams, enq
 	return e.triggered(res)
 }
 
-// enqueue inserts ps, validated, with enqueue; scheduled says one is to
-// run later.
-func (e *Engine) enqueue(ctx context.Context, ps []sluice.TriggerParams, enqueue EnqueueFunc) (res []store.EnqueueResult, o store.Outcome, scheduled bool, err error) {
+// enqueue inserts ps, validated, with enqueue; scheduled is the earliest
+// start of the tasks it left scheduled (zero: none), for the scheduler.
+func (e *Engine) enqueue(ctx context.Context, ps []sluice.TriggerParams, enqueue EnqueueFunc) (res []store.EnqueueResult, o store.Outcome, scheduled time.Time, err error) {
 	nts := make([]store.NewTask, len(ps))
 	for i := range ps {
 		nts[i] = e.newTask(&ps[i])
-		scheduled = scheduled || !nts[i].RunAt.IsZero()
 	}
 	res, o, err = enqueue(ctx, store.Limits{MaxActive: e.cfg.MaxActive}, nts)
 	if err != nil {
 		if ae, ok := sluice.IsAdmission(err); ok {
 			e.metrics.admissionRejected(ae)
 		}
-		return nil, o, false, err
+		return nil, o, time.Time{}, err
 	}
 	for _, r := range res {
-		// A debounced task waits scheduled for its period, and a merge
-		// may move a waiting one back to scheduled.
-		scheduled = scheduled || (r.Task != nil && r.Task.DebounceTriggers > 0)
+		// A task for later, a debounced one waiting its period, or one
+		// a debounce merge moved back to scheduled.
+		if r.Task != nil && r.Task.State == sluice.StateScheduled && (scheduled.IsZero() || r.Task.RunAt.Before(scheduled)) {
+			scheduled = r.Task.RunAt
+		}
 	}
 	return res, o, scheduled, nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,6 +22,9 @@ type scheduler struct {
 	deps   serviceDeps
 	kicks  chan struct{} // something was scheduled
 	passed testSignal    // a pass of the loop ended
+	// wakeAt is when the scheduler's sleep ends (UnixNano); 0 while a
+	// pass runs, or before the first (kickFor).
+	wakeAt atomic.Int64
 }
 
 func newScheduler(deps serviceDeps, cfg schedulerConfig) *scheduler {
@@ -44,10 +48,27 @@ func (s *scheduler) Start(ctx context.Context) error {
 	return nil
 }
 
+// kickFor wakes the scheduler for a task scheduled at: only when its
+// sleep would end after that. A task scheduled while a pass runs, which
+// that pass may not have seen, always kicks (wakeAt 0): a debounced
+// trigger, which leaves a task scheduled a period ahead each time, thus
+// costs no pass of its own.
+func (s *scheduler) kickFor(at time.Time) {
+	if w := s.wakeAt.Load(); w == 0 || at.UnixNano() < w {
+		s.kick()
+	}
+}
+
 func (s *scheduler) run(stop, work context.Context) {
 	s.woken(stop, work, s.kicks, &s.passed, func(ctx context.Context) (time.Duration, error) {
+		s.wakeAt.Store(0)
 		next, err := s.runOnce(ctx)
-		return untilNext(s.cfg.MaxWait, next, s.deps.now()), err
+		now := s.deps.now()
+		d := untilNext(s.cfg.MaxWait, next, now)
+		if err == nil {
+			s.wakeAt.Store(now.Add(d).UnixNano())
+		}
+		return d, err
 	})
 }
 

@@ -60,36 +60,19 @@ func (t *txn) debounceMerge(nt *store.NewTask, p *flow.Pending, to sluice.TaskSt
 	return getTask(t.ctx, t.conn, p.ID)
 }
 
-// debounced writes what the debounce pass left: the debounce columns of
-// the tasks that opened a group (inserted just before) and the
-// debounced triggers' idempotency keys.
-func (t *txn) debounced(tasks []store.NewTask, fresh []int, results []store.EnqueueResult, keys []store.DebounceKey) {
+// debounceKeys records debounced triggers' idempotency keys.
+func (t *txn) debounceKeys(keys []store.DebounceKey) {
+	if len(keys) == 0 {
+		return
+	}
 	var (
-		ids, untils []*int64
-		groups      []*string
-		triggers    []*int64
+		names   []string
+		taskIDs []int64
+		inputs  [][]byte
 	)
-	for _, i := range fresh {
-		if d := tasks[i].Debounced; d != nil && results[i].Task != nil {
-			g, u, n := d.Columns()
-			ids, groups, untils, triggers = append(ids, &results[i].Task.ID), append(groups, g), append(untils, u), append(triggers, n)
-		}
+	for _, k := range keys {
+		names, taskIDs, inputs = append(names, k.Key), append(taskIDs, k.TaskID), append(inputs, store.JSONOrNull(k.Input))
 	}
-	if len(ids) > 0 {
-		t.exec("debounce", `UPDATE tasks t SET debounce_group = v.g, debounce_until = v.u, debounce_triggers = v.n
-			FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[]) AS v(id, g, u, n) WHERE t.id = v.id`,
-			ids, groups, untils, triggers)
-	}
-	if len(keys) > 0 {
-		var (
-			names   []string
-			taskIDs []int64
-			inputs  [][]byte
-		)
-		for _, k := range keys {
-			names, taskIDs, inputs = append(names, k.Key), append(taskIDs, k.TaskID), append(inputs, store.JSONOrNull(k.Input))
-		}
-		t.exec("debounce", `INSERT INTO debounce_keys (idempotency_key, task_id, input)
-			SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) ON CONFLICT DO NOTHING`, names, taskIDs, inputs)
-	}
+	t.exec("debounce", `INSERT INTO debounce_keys (idempotency_key, task_id, input)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) ON CONFLICT DO NOTHING`, names, taskIDs, inputs)
 }

@@ -91,7 +91,7 @@ func (t *txn) enqueue(lim store.Limits, tasks []store.NewTask, results []store.E
 	if err := t.insert(tasks, fresh, results); err != nil {
 		return err
 	}
-	t.debounced(tasks, fresh, results, debounced())
+	t.debounceKeys(debounced())
 	store.MarkVictims(results, t.victims, t.now)
 	replayed()
 	return nil
@@ -265,10 +265,23 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		// paused.
 		runs, steps, items   []*int64
 		windowed, runsPaused []bool
+		// Debounced tasks that open their group (store.Debounces): their
+		// debounce columns (store.DebouncedTask.Columns).
+		dbGroups             []*string
+		dbUntils, dbTriggers []*int64
 	)
 	for _, i := range fresh {
 		if tasks[i].Run != nil {
 			runs, steps, items, windowed, runsPaused = make([]*int64, n), make([]*int64, n), make([]*int64, n), make([]bool, n), make([]bool, n)
+			break
+		}
+	}
+	for _, i := range fresh {
+		if tasks[i].Debounced != nil {
+			if runs != nil {
+				return fmt.Errorf("inserting tasks: a debounced task in a batch of a run's tasks")
+			}
+			dbGroups, dbUntils, dbTriggers = make([]*string, n), make([]*int64, n), make([]*int64, n)
 			break
 		}
 	}
@@ -278,6 +291,9 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 			ranks[from:to], t.now}
 		if runs != nil {
 			a = append(a, runs[from:to], steps[from:to], items[from:to], windowed[from:to], runsPaused[from:to])
+		}
+		if dbGroups != nil {
+			a = append(a, dbGroups[from:to], dbUntils[from:to], dbTriggers[from:to])
 		}
 		return a
 	}
@@ -292,10 +308,13 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		if to == seg {
 			return
 		}
-		if runs == nil {
-			t.exec("inserting tasks", insertSQL, args(seg, to)...)
-		} else {
+		switch {
+		case runs != nil:
 			t.exec("inserting tasks", insertRunSQL, args(seg, to)...)
+		case dbGroups != nil:
+			t.exec("inserting tasks", insertDebounceSQL, args(seg, to)...)
+		default:
+			t.exec("inserting tasks", insertSQL, args(seg, to)...)
 		}
 		seg = to
 		clear(entered)
@@ -356,6 +375,9 @@ func (t *txn) insert(tasks []store.NewTask, fresh []int, results []store.Enqueue
 		if nt.IdempotencyKey != "" {
 			idems[j] = &nt.IdempotencyKey
 		}
+		if dbGroups != nil {
+			dbGroups[j], dbUntils[j], dbTriggers[j] = nt.Debounced.Columns()
+		}
 		kinds[j], queues[j], ckeys[j], states[j] = nt.Kind, nt.Queue, nt.ConcurrencyKey, string(state)
 		sqs[j], timeouts[j], runAts[j], ranks[j] = sq.ID(), nt.Timeout.Microseconds(), runAt, rank
 		priorities[j], maxAttempts[j], deadlines[j] = nt.Priority, nt.MaxAttempts, nt.DeadlineUS(t.now)
@@ -377,6 +399,19 @@ const insertSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
 			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[])
 			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank)`
+
+// insertDebounceSQL is insertSQL for a batch holding debounced tasks that
+// open their group, with their debounce columns (migration 0022).
+const insertDebounceSQL = `INSERT INTO tasks (id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+			timeout_us, run_at, dispatch_deadline_at, idempotency_key, created_at, rank, ready_at,
+			debounce_group, debounce_until, debounce_triggers)
+		SELECT id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input,
+			timeout_us, run_at, deadline, idem, $16, rank, CASE WHEN state = 'ready' THEN $16::bigint END, dgroup, duntil, dtriggers
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::int[],
+			$10::bytea[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::bigint[],
+			$17::text[], $18::bigint[], $19::bigint[])
+			AS v(id, kind, queue, ckey, sq, priority, state, paused_from, max_attempts, input, timeout_us, run_at, deadline, idem, rank,
+				dgroup, duntil, dtriggers)`
 
 // insertRunSQL is insertSQL for a batch holding tasks of workflow runs,
 // with their run, step, item, window and run-paused columns (a separate
