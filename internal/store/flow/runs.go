@@ -283,6 +283,23 @@ const (
 	RunCancelOldest
 )
 
+// NewRunTo is where a new run goes: its strategy's verdict (RunStrategy)
+// and the state it is inserted in: RunReject inserts nothing;
+// RunCancelOldest inserts it queued until the store has cancelled the
+// run it replaces and starts it on that place (StartOrWait); RunAdmit
+// inserts it as StartOrWait says.
+func (c *Counters) NewRunTo(r *Run, strategy string, child, wfPaused bool, queued int64) (RunVerdict, sluice.RunState, error) {
+	v, err := c.RunStrategy(r, strategy, child, wfPaused, queued)
+	if err != nil || v == RunReject {
+		return v, "", err
+	}
+	if v == RunCancelOldest {
+		return v, sluice.RunQueued, nil
+	}
+	to, err := c.StartOrWait(r, wfPaused)
+	return v, to, err
+}
+
 // RunStrategyActs reports whether a new run's strategy can act: the run
 // is limited, is not a child run, and its strategy is not
 // StrategyQueue. The store reads what RunStrategy needs (the key's

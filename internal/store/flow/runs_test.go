@@ -223,6 +223,21 @@ func TestRunStrategy(t *testing.T) {
 			require.Equal(t, tt.want, v)
 			require.Equal(t, tt.want != RunAdmit || (tt.strategy != "" && tt.strategy != StrategyQueue && !tt.child),
 				RunStrategyActs(r, tt.strategy, tt.child))
+			// Where the new run is inserted: nowhere when refused,
+			// queued while the run it replaces is cancelled, else as
+			// StartOrWait says.
+			v, to, err := c.NewRunTo(r, tt.strategy, tt.child, tt.wfPaused, tt.q)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, v)
+			want, err := c.StartOrWait(r, tt.wfPaused)
+			require.NoError(t, err)
+			switch v {
+			case RunReject:
+				want = ""
+			case RunCancelOldest:
+				want = sluice.RunQueued
+			}
+			require.Equal(t, want, to)
 		})
 	}
 

@@ -74,18 +74,16 @@ func (t *txn) debounceKeys(keys []store.DebounceKey) error {
 }
 
 // idempotent finds the task an idempotency key created or, for a
-// debounced trigger, the task it was answered with (nil: none).
+// debounced trigger, the task it was answered with (nil: none), in one
+// read of both.
 func (t *txn) idempotent(key string) (*sluice.Task, error) {
-	var id int64
-	err := t.tx.QueryRowContext(t.ctx, `SELECT id FROM tasks WHERE idempotency_key = ?`, key).Scan(&id)
-	if err == nil {
-		return getTask(t.ctx, t.tx, id)
-	}
-	if err != sql.ErrNoRows {
-		return nil, fmt.Errorf("idempotency lookup: %w", err)
-	}
-	var input []byte
-	err = t.tx.QueryRowContext(t.ctx, `SELECT task_id, input FROM debounce_keys WHERE idempotency_key = ?`, key).Scan(&id, &input)
+	var (
+		id        int64
+		debounced bool
+		input     []byte
+	)
+	err := t.tx.QueryRowContext(t.ctx, `SELECT id, 0, NULL FROM tasks WHERE idempotency_key = ?
+		UNION ALL SELECT task_id, 1, input FROM debounce_keys WHERE idempotency_key = ? LIMIT 1`, key, key).Scan(&id, &debounced, &input)
 	if err == sql.ErrNoRows {
 		return nil, nil
 	}
@@ -93,8 +91,8 @@ func (t *txn) idempotent(key string) (*sluice.Task, error) {
 		return nil, fmt.Errorf("idempotency lookup: %w", err)
 	}
 	task, err := getTask(t.ctx, t.tx, id)
-	if err != nil {
-		return nil, err
+	if err != nil || !debounced {
+		return task, err
 	}
 	return store.DebounceReplay(task, key, input), nil
 }

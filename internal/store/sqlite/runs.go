@@ -70,20 +70,12 @@ func (t *txn) createRun(lim store.Limits, r store.NewRun) (id int64, created boo
 	if err != nil {
 		return 0, false, err
 	}
-	v, err := t.RunStrategy(run, r.Strategy, child, wfPaused, queued)
+	v, to, err := t.NewRunTo(run, r.Strategy, child, wfPaused, queued)
 	if err != nil {
 		return 0, false, err
 	}
-	var to sluice.RunState
-	switch v {
-	case flow.RunReject:
+	if v == flow.RunReject {
 		return 0, false, store.RunConcurrencyFull(&r, t.HeldPlace(run.Workflow, run.Key).Active(), queued)
-	case flow.RunCancelOldest:
-		to = sluice.RunQueued // until the run it replaces is cancelled (replaceRun)
-	default:
-		if to, err = t.StartOrWait(run, wfPaused); err != nil {
-			return 0, false, err
-		}
 	}
 	m, err := t.MoveRun(run, to)
 	if err != nil {
